@@ -1,0 +1,153 @@
+"""The `loopwarden` command: serve, migrate, and the detection log's queries."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from typing import Sequence
+
+from proxy.config import ConfigError, Settings, build
+
+EXIT_USAGE = 2
+EXIT_RUNTIME = 1
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _settings_flags(parser: argparse.ArgumentParser, *, server: bool) -> None:
+    parser.add_argument("--config", help="TOML file with settings")
+    parser.add_argument("--database-url", dest="database_url")
+    if server:
+        parser.add_argument("--host")
+        parser.add_argument("--port")
+        parser.add_argument("--upstream", dest="upstream_url")
+        parser.add_argument("--upstream-api-key", dest="upstream_api_key")
+        parser.add_argument("--admin-token", dest="admin_token")
+        parser.add_argument("--preset")
+        parser.add_argument("--max-warnings", dest="max_warnings")
+        parser.add_argument("--tool-call-threshold", dest="tool_call_threshold")
+        parser.add_argument("--content-chunk-size", dest="content_chunk_size")
+        parser.add_argument("--content-loop-threshold", dest="content_loop_threshold")
+        parser.add_argument("--dynamic-thresholds", dest="dynamic_thresholds")
+        parser.add_argument("--whitelisted-tools", dest="whitelisted_tools")
+        parser.add_argument("--llm-check", dest="llm_check")
+        parser.add_argument("--llm-check-after-turns", dest="llm_check_after_turns")
+        parser.add_argument("--judge-url", dest="judge_url")
+        parser.add_argument("--judge-model", dest="judge_model")
+        parser.add_argument("--judge-api-key", dest="judge_api_key")
+        parser.add_argument("--judge-confirm-model", dest="judge_confirm_model")
+        parser.add_argument("--warning-role", dest="warning_role")
+        parser.add_argument("--max-body-bytes", dest="max_body_bytes")
+        parser.add_argument("--upstream-connect-timeout", dest="upstream_connect_timeout")
+        parser.add_argument("--upstream-read-timeout", dest="upstream_read_timeout")
+        parser.add_argument("--shutdown-grace", dest="shutdown_grace")
+        parser.add_argument("--log-level", dest="log_level")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="loopwarden", description="OpenAI-compatible proxy that stops looping agents")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    serve = commands.add_parser("serve", help="run the proxy")
+    _settings_flags(serve, server=True)
+    serve.add_argument("--no-migrate", action="store_true", help="do not apply migrations on start")
+
+    migrate = commands.add_parser("migrate", help="apply database migrations")
+    _settings_flags(migrate, server=False)
+
+    formats = ("table", "json", "csv")
+    detections = commands.add_parser("detections", help="list logged detections")
+    _settings_flags(detections, server=False)
+    detections.add_argument("--session")
+    detections.add_argument("--type")
+    detections.add_argument("--action")
+    detections.add_argument("--since")
+    detections.add_argument("--limit", type=int, default=50)
+    detections.add_argument("--format", choices=formats, default="table")
+
+    stats = commands.add_parser("stats", help="summary of detections")
+    _settings_flags(stats, server=False)
+    stats.add_argument("--since")
+    stats.add_argument("--format", choices=("table", "json"), default="table")
+
+    sessions = commands.add_parser("sessions", help="sessions seen")
+    _settings_flags(sessions, server=False)
+    sessions.add_argument("--since")
+    sessions.add_argument("--limit", type=int, default=50)
+    sessions.add_argument("--format", choices=formats, default="table")
+
+    session = commands.add_parser("session", help="one session's timeline")
+    _settings_flags(session, server=False)
+    session.add_argument("session_id")
+    session.add_argument("--format", choices=("table", "json"), default="table")
+    return parser
+
+
+def _flag_values(args: argparse.Namespace) -> dict:
+    from proxy.config import FIELDS
+
+    values = {name: getattr(args, name) for name in FIELDS if getattr(args, name, None) is not None}
+    if getattr(args, "config", None):
+        values["config"] = args.config
+    return values
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+        settings = build(_flag_values(args))
+    except (UsageError, ConfigError) as exc:
+        print(f"loopwarden: {exc}" if isinstance(exc, ConfigError) else str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "serve":
+            return _serve(settings, migrate=not args.no_migrate)
+        from proxy import commands
+
+        return asyncio.run(commands.run(args, settings))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # one line, no traceback: the log has the detail when asked for
+        logging.getLogger("loopwarden").debug("command failed", exc_info=True)
+        print(f"loopwarden: {_describe(exc)}", file=sys.stderr)
+        return EXIT_RUNTIME
+
+
+def _describe(exc: BaseException) -> str:
+    from proxy.store.database import DatabaseUnavailable
+
+    if isinstance(exc, DatabaseUnavailable):
+        return str(exc)
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _serve(settings: Settings, *, migrate: bool) -> int:
+    from aiohttp import web
+
+    from proxy.server.app import create_app
+
+    if migrate:
+        from proxy.store.database import run_migrations
+
+        run_migrations(settings.database_url)
+    app = create_app(settings)
+    logging.getLogger("loopwarden").info(
+        "loopwarden listening on http://%s:%s, upstream %s", settings.host, settings.port, settings.upstream_url
+    )
+    web.run_app(app, host=settings.host, port=settings.port, shutdown_timeout=settings.shutdown_grace,
+                handler_cancellation=True, print=None,
+                access_log=logging.getLogger("aiohttp.access") if settings.log_level == "debug" else None)
+    return 0

@@ -1,0 +1,188 @@
+"""One settings object, built from flags > environment > TOML file > preset > default."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+ENV_PREFIX = "LOOPWARDEN_"
+WARNING_ROLES = ("system", "developer", "user")
+PRESETS: dict[str, dict[str, Any]] = {
+    "strict": {"tool_call_threshold": 3, "content_loop_threshold": 5, "max_warnings": 1},
+    "default": {},
+    "lenient": {
+        "tool_call_threshold": 7,
+        "content_loop_threshold": 15,
+        "max_warnings": 3,
+        "dynamic_thresholds": True,
+    },
+}
+
+
+class ConfigError(ValueError):
+    """A setting has a value that cannot be used; the message names it."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    upstream_url: str = "https://api.openai.com/v1"
+    upstream_api_key: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8989
+    database_url: str = "sqlite+aiosqlite:///./loopwarden.db"
+    admin_token: str | None = None
+    preset: str = "default"
+    max_warnings: int = 2
+    tool_call_threshold: int = 5
+    content_chunk_size: int = 50
+    content_loop_threshold: int = 10
+    dynamic_thresholds: bool = False
+    whitelisted_tools: frozenset[str] = field(default_factory=frozenset)
+    llm_check: bool = True
+    llm_check_after_turns: int = 30
+    judge_url: str | None = None
+    judge_model: str | None = None
+    judge_api_key: str | None = None
+    judge_confirm_model: str | None = None
+    judge_timeout: float = 30.0
+    judge_concurrency: int = 4
+    warning_role: str = "system"
+    max_body_bytes: int = 32 * 1024 * 1024
+    # Not in the contract's table; production defaults documented in the README.
+    upstream_connect_timeout: float = 10.0
+    upstream_read_timeout: float = 600.0
+    shutdown_grace: float = 30.0
+    log_buffer_size: int = 10_000
+    log_level: str = "info"
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+_OPTIONAL_TEXT = frozenset(
+    {"upstream_api_key", "admin_token", "judge_url", "judge_model", "judge_api_key", "judge_confirm_model"}
+)
+_MIN = {
+    "port": 1,
+    "max_warnings": 0,
+    "tool_call_threshold": 2,
+    "content_chunk_size": 8,
+    "content_loop_threshold": 2,
+    "llm_check_after_turns": 1,
+    "judge_concurrency": 1,
+    "max_body_bytes": 1,
+    "log_buffer_size": 1,
+}
+
+
+def _convert(name: str, raw: Any) -> Any:
+    """Turn a raw value (string from env/flag, or a TOML value) into the field's type."""
+    default = FIELDS[name].default
+    kind = str if name in _OPTIONAL_TEXT else type(default) if default is not dataclasses.MISSING else frozenset
+    try:
+        if kind is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind is int:
+            if isinstance(raw, bool):
+                raise ValueError
+            value = int(raw)
+            if value < _MIN.get(name, 0):
+                raise ConfigError(f"{_label(name)} must be at least {_MIN.get(name, 0)}, got {value}")
+            if name == "port" and value > 65535:
+                raise ValueError
+            return value
+        if kind is float:
+            value = float(raw)
+            if value <= 0:
+                raise ValueError
+            return value
+        if kind is frozenset:
+            items = raw if isinstance(raw, list) else str(raw).split(",")
+            return frozenset(str(item).strip() for item in items if str(item).strip())
+        text = str(raw).strip()
+        if name in _OPTIONAL_TEXT:
+            return text or None
+        if not text:
+            raise ValueError
+        return text
+    except ConfigError:
+        raise
+    except (TypeError, ValueError):
+        raise ConfigError(f"{_label(name)}: invalid value {raw!r}") from None
+
+
+def _label(name: str) -> str:
+    return f"{ENV_PREFIX}{name.upper()}"
+
+
+def load_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    values = {}
+    for key, value in data.items():
+        name = key.lower().replace("-", "_")
+        if name not in FIELDS:
+            raise ConfigError(f"config file {path}: unknown setting {key!r}")
+        values[name] = value
+    return values
+
+
+def build(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Resolve every setting. `flags` holds only the flags the user actually gave."""
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    environ = os.environ if environ is None else environ
+    env_values = {
+        name: environ[_label(name)] for name in FIELDS if _label(name) in environ
+    }
+    config_path = flags.pop("config", None) or environ.get(f"{ENV_PREFIX}CONFIG")
+    file_values = load_file(config_path) if config_path else {}
+
+    explicit: dict[str, Any] = {}
+    for source in (file_values, env_values, flags):
+        for name, raw in source.items():
+            if name not in FIELDS:
+                raise ConfigError(f"unknown setting {name!r}")
+            explicit[name] = _convert(name, raw)
+
+    preset = explicit.get("preset", "default")
+    if preset not in PRESETS:
+        raise ConfigError(f"{_label('preset')} must be one of {', '.join(PRESETS)}, got {preset!r}")
+    values = {**PRESETS[preset], **explicit}
+    settings = Settings(**values)
+    _validate(settings)
+    return settings
+
+
+def _validate(settings: Settings) -> None:
+    if settings.warning_role not in WARNING_ROLES:
+        raise ConfigError(
+            f"{_label('warning_role')} must be one of {', '.join(WARNING_ROLES)}, got {settings.warning_role!r}"
+        )
+    for name in ("upstream_url", "judge_url"):
+        url = getattr(settings, name)
+        if url is None:
+            continue
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"{_label(name)} must be an http(s) URL, got {url!r}")
+    if "://" not in settings.database_url or not settings.database_url.startswith(("sqlite", "postgresql")):
+        raise ConfigError(
+            f"{_label('database_url')} must be a sqlite+aiosqlite:// or postgresql+asyncpg:// URL, "
+            f"got {settings.database_url!r}"
+        )
+    if settings.log_level.lower() not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"{_label('log_level')} must be debug, info, warning or error")

@@ -1,0 +1,224 @@
+"""The aiohttp application: routes, forwarding, the stream tap. Thin: it moves bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy.config import Settings
+from proxy.server import guard as guard_module
+from proxy.server.upstream import (
+    UpstreamFailure,
+    client_headers,
+    is_read_failure,
+    json_error,
+    make_client_session,
+    open_upstream,
+    upstream_headers,
+    upstream_url,
+)
+from proxy.wire.errors import sse_error_event
+
+log = logging.getLogger("loopwarden.server")
+
+SETTINGS = web.AppKey("settings", Settings)
+CLIENT = web.AppKey("client", aiohttp.ClientSession)
+GUARD = web.AppKey("guard", guard_module.Guard)
+
+_STREAM_CHUNK = 64 * 1024
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler) -> web.StreamResponse:
+    """Every error the proxy itself gives is in the OpenAI shape, never HTML or a traceback."""
+    try:
+        return await handler(request)
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[SETTINGS].max_body_bytes
+        return json_error(413, f"request body is larger than the limit of {limit} bytes",
+                          "invalid_request_error", "request_too_large")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return json_error(exc.status, exc.reason or "error", "invalid_request_error",
+                          "not_found" if exc.status == 404 else None)
+    except UpstreamFailure as exc:
+        return exc.response()
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return json_error(500, "internal proxy error", "internal_error", "internal_error")
+
+
+def _check_length(request: web.Request) -> None:
+    limit = request.app[SETTINGS].max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    settings = request.app[SETTINGS]
+    _check_length(request)
+    content_type = request.headers.get("Content-Type", "application/json")
+    if "json" not in content_type.lower():
+        return json_error(400, f"Content-Type must be application/json, got {content_type!r}",
+                          "invalid_request_error", "invalid_content_type")
+    raw = await request.read()
+    if not raw.strip():
+        return json_error(400, "request body is empty; expected a JSON object", "invalid_request_error",
+                          "invalid_json")
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return json_error(400, f"request body is not valid JSON: {exc}", "invalid_request_error", "invalid_json")
+    if not isinstance(payload, dict):
+        return json_error(400, "request body must be a JSON object", "invalid_request_error", "invalid_json")
+    messages = payload.get("messages")
+    if messages is not None and not (isinstance(messages, list) and all(isinstance(m, dict) for m in messages)):
+        return json_error(400, "'messages' must be an array of objects", "invalid_request_error",
+                          "invalid_value")
+
+    exchange = request.app[GUARD].begin(request, raw, payload)
+    if exchange.stop is not None:
+        return exchange.stop
+    headers = upstream_headers(request, settings, identity=True)
+    url = upstream_url(settings, "/chat/completions", request.query_string)
+    async with open_upstream(request.app[CLIENT], "POST", url, headers, exchange.body) as upstream:
+        response_headers = client_headers(upstream)
+        response_headers.update(exchange.response_headers)
+        content_type = upstream.headers.get("Content-Type", "")
+        if upstream.status == 200 and content_type.startswith("text/event-stream"):
+            return await _relay_stream(request, upstream, response_headers, exchange)
+        try:
+            body = await upstream.read()
+        except Exception as exc:
+            if not is_read_failure(exc):
+                raise
+            raise _read_failure(exc) from exc
+        if upstream.status != 200:
+            return _upstream_error(upstream.status, body, response_headers)
+        try:
+            answer = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return json_error(502, "upstream answered with a body that is not JSON", "upstream_error",
+                              "upstream_invalid_response")
+        exchange.on_complete(answer)
+        return web.Response(status=200, body=body, headers=response_headers)
+
+
+def _read_failure(exc: BaseException) -> UpstreamFailure:
+    if isinstance(exc, asyncio.TimeoutError):
+        return UpstreamFailure(504, "upstream_timeout", "upstream stopped answering mid-response")
+    return UpstreamFailure(502, "upstream_unreachable", f"upstream connection failed mid-response: {exc}")
+
+
+def _upstream_error(status: int, body: bytes, headers) -> web.Response:
+    """Pass the upstream's error through; a body that is not JSON is wrapped in the OpenAI shape."""
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError:
+        text = body.decode("utf-8", "replace").strip()[:500] or f"upstream answered HTTP {status}"
+        headers.popall("Content-Type", None)
+        headers.popall("Content-Encoding", None)
+        return json_error(status, text, "upstream_error", "upstream_error", headers=headers)
+    return web.Response(status=status, body=body, headers=headers)
+
+
+async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, headers,
+                        exchange: guard_module.Exchange) -> web.StreamResponse:
+    response = web.StreamResponse(status=200, headers=headers)
+    await response.prepare(request)
+    try:
+        async for chunk in upstream.content.iter_any():
+            ending = exchange.on_stream_bytes(chunk)
+            if ending is None:
+                await response.write(chunk)
+                continue
+            # The guard cut the stream: stop reading at once so the provider stops generating.
+            upstream.close()
+            await response.write(ending)
+            break
+        else:
+            exchange.on_stream_end()
+    except Exception as exc:
+        if not is_read_failure(exc):
+            raise
+        failure = _read_failure(exc)
+        log.warning("upstream stream failed: %s", failure.message)
+        await response.write(sse_error_event(failure.message, "upstream_error", failure.code))
+    await response.write_eof()
+    return response
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    """Any other /v1/ path: method, query, headers, body and status, streamed both ways."""
+    settings = request.app[SETTINGS]
+    _check_length(request)
+    headers = upstream_headers(request, settings, identity=False)
+    if request.content_length is not None:
+        headers["Content-Length"] = str(request.content_length)
+    data = _limited_body(request, settings.max_body_bytes) if request.body_exists else None
+    url = upstream_url(settings, request.path[len("/v1"):], request.query_string)
+    async with open_upstream(request.app[CLIENT], request.method, url, headers, data) as upstream:
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                                      headers=client_headers(upstream))
+        if upstream.content_length is not None:
+            response.content_length = upstream.content_length
+        await response.prepare(request)
+        try:
+            async for chunk in upstream.content.iter_chunked(_STREAM_CHUNK):
+                await response.write(chunk)
+        except Exception as exc:
+            if not is_read_failure(exc):
+                raise
+            # Bytes have gone out already: cutting the connection is the only honest signal left.
+            log.warning("upstream body failed mid-transfer on %s: %s", request.path, exc)
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        await response.write_eof()
+        return response
+
+
+async def _limited_body(request: web.Request, limit: int) -> AsyncIterator[bytes]:
+    seen = 0
+    async for chunk in request.content.iter_chunked(_STREAM_CHUNK):
+        seen += len(chunk)
+        if seen > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=seen)
+        yield chunk
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    ready = await request.app[GUARD].ready()
+    return web.json_response({"status": "ok" if ready else "unavailable"}, status=200 if ready else 503)
+
+
+def create_app(settings: Settings, guard: guard_module.Guard | None = None) -> web.Application:
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[openai_errors])
+    app[SETTINGS] = settings
+    app[GUARD] = guard or guard_module.Guard(settings)
+
+    async def client_context(app: web.Application) -> AsyncIterator[None]:
+        app[CLIENT] = make_client_session(settings)
+        await app[GUARD].start()
+        yield
+        await app[GUARD].stop()
+        await app[CLIENT].close()
+
+    app.cleanup_ctx.append(client_context)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_route("*", "/v1/{tail:.*}", passthrough)
+    return app

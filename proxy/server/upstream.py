@@ -1,0 +1,103 @@
+"""Talking to the upstream: one shared connection pool, header hygiene, failures as OpenAI errors."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Mapping
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.config import Settings
+from proxy.wire.errors import error_body
+
+log = logging.getLogger("loopwarden.upstream")
+
+# Connection-level headers are for one hop only (RFC 9110 §7.6.1).
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
+     "trailer", "trailers", "transfer-encoding", "upgrade"}
+)
+_NOT_FORWARDED_UP = HOP_BY_HOP | {"host", "content-length"}
+_NOT_FORWARDED_DOWN = HOP_BY_HOP | {"content-length", "server", "date"}
+
+
+class UpstreamFailure(Exception):
+    """The upstream could not be reached or did not answer in time."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+    def response(self) -> web.Response:
+        return json_error(self.status, self.message, "upstream_error", self.code)
+
+
+def json_error(status: int, message: str, type_: str, code: str | None = None,
+               headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=error_body(message, type_, code), content_type="application/json",
+                        headers=headers)
+
+
+def upstream_headers(request: web.Request, settings: Settings, *, identity: bool) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    for name, value in request.headers.items():
+        lower = name.lower()
+        if lower in _NOT_FORWARDED_UP or lower.startswith("x-loopwarden-"):
+            continue
+        headers.add(name, value)
+    if settings.upstream_api_key:
+        headers["Authorization"] = f"Bearer {settings.upstream_api_key}"
+    if identity:
+        # The tap reads the bytes as they are; compressed SSE would need a second decode.
+        headers["Accept-Encoding"] = "identity"
+    return headers
+
+
+def client_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    for name, value in upstream.headers.items():
+        if name.lower() not in _NOT_FORWARDED_DOWN:
+            headers.add(name, value)
+    return headers
+
+
+def upstream_url(settings: Settings, path_after_v1: str, query: str = "") -> str:
+    url = settings.upstream_url.rstrip("/") + path_after_v1
+    return f"{url}?{query}" if query else url
+
+
+def make_client_session(settings: Settings) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30, enable_cleanup_closed=True)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.upstream_connect_timeout,
+                                    sock_read=settings.upstream_read_timeout)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                 skip_auto_headers=("User-Agent",), trust_env=False)
+
+
+@asynccontextmanager
+async def open_upstream(session: aiohttp.ClientSession, method: str, url: str, headers: CIMultiDict[str],
+                        data) -> AsyncIterator[aiohttp.ClientResponse]:
+    """Send the request; failures before a response are raised as UpstreamFailure."""
+    try:
+        response = await session.request(method, url, headers=headers, data=data, allow_redirects=False)
+    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise UpstreamFailure(504, "upstream_timeout", f"upstream did not answer in time ({url})") from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise UpstreamFailure(502, "upstream_unreachable", f"upstream unreachable: {exc.os_error or exc}") from exc
+    except aiohttp.ClientError as exc:
+        raise UpstreamFailure(502, "upstream_unreachable", f"upstream connection failed: {exc}") from exc
+    try:
+        yield response
+    finally:
+        response.release()
+
+
+def is_read_failure(exc: BaseException) -> bool:
+    """A failure while reading an upstream body that has already started."""
+    return isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError))

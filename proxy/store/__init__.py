@@ -1,0 +1,1 @@
+"""The detection log: SQLAlchemy models, the batched writer, shared queries."""

@@ -1,0 +1,1 @@
+"""The wire format, sans-IO: SSE parsing, stream assembly, error bodies."""

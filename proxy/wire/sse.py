@@ -1,0 +1,53 @@
+"""An incremental Server-Sent Events parser: bytes in any split, the same events out."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class SSEEvent(NamedTuple):
+    data: bytes
+    event: str | None = None
+
+
+class SSEParser:
+    """Feed raw bytes as they arrive; get back the events they complete.
+
+    Lines end with LF, CRLF or CR. Comments (`: keep-alive`) and fields other
+    than `data` and `event` are ignored; an event without data is not emitted.
+    """
+
+    __slots__ = ("_rest", "_data", "_event", "_skip_lf")
+
+    def __init__(self) -> None:
+        self._rest = b""
+        self._data: list[bytes] = []
+        self._event: str | None = None
+        self._skip_lf = False
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        if self._skip_lf and chunk.startswith(b"\n"):
+            chunk = chunk[1:]  # second half of a CRLF split across chunks
+        self._skip_lf = chunk.endswith(b"\r")
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = (self._rest + chunk).split(b"\n") if self._rest else chunk.split(b"\n")
+        self._rest = lines.pop()
+        events: list[SSEEvent] = []
+        for line in lines:
+            if not line:
+                if self._data:
+                    events.append(SSEEvent(b"\n".join(self._data), self._event))
+                self._data = []
+                self._event = None
+            elif line[0] == 58:  # ":" starts a comment
+                continue
+            else:
+                name, sep, value = line.partition(b":")
+                if sep and value.startswith(b" "):
+                    value = value[1:]
+                if name == b"data":
+                    self._data.append(value)
+                elif name == b"event":
+                    self._event = value.decode("utf-8", "replace")
+        return events

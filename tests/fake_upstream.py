@@ -1,0 +1,216 @@
+"""A fake OpenAI-compatible upstream: a real aiohttp server that plays scripted turns.
+
+It streams the way providers do: a role chunk first, content in small deltas,
+tool-call arguments split mid-token, several tool calls per response, a usage
+chunk with empty `choices`, `: keep-alive` comments, optional slow chunks,
+error statuses, and connections dropped mid-stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import orjson
+from aiohttp import web
+
+
+@dataclass
+class Turn:
+    """One scripted answer to a chat completion request."""
+
+    content: str | None = None
+    tool_calls: list[tuple[str, Any]] = field(default_factory=list)  # (name, arguments dict or raw str)
+    status: int = 200
+    error: dict | None = None  # body for a non-200 answer
+    raw_body: bytes | None = None  # answer with these bytes instead (non-JSON answers)
+    headers: dict[str, str] = field(default_factory=dict)
+    chunk_chars: int = 4  # characters of content per delta
+    delay: float = 0.0  # seconds between chunks
+    drop_after: int | None = None  # close the connection after this many chunks
+    hang: bool = False  # never answer
+    keepalive: bool = True
+
+
+@dataclass
+class StreamRecord:
+    planned: int
+    sent: int = 0
+    completed: bool = False
+    body: bytearray = field(default_factory=bytearray)
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+class FakeUpstream:
+    def __init__(self) -> None:
+        self.script: list[Turn] = []
+        self.responder: Callable[[dict], Turn] | None = None
+        self.requests: list[Received] = []
+        self.streams: list[StreamRecord] = []
+        self._ids = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        app = web.Application(client_max_size=1024**3)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_route("*", "/v1/{tail:.*}", self._echo)
+        self.app = app
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def start(self) -> "FakeUpstream":
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @property
+    def chat_requests(self) -> list[dict]:
+        return [r.json for r in self.requests if r.path == "/v1/chat/completions"]
+
+    async def _record(self, request: web.Request) -> Received:
+        received = Received(
+            request.method, request.path, request.query_string, dict(request.headers), await request.read()
+        )
+        self.requests.append(received)
+        return received
+
+    def _next_turn(self, body: dict) -> Turn:
+        if self.responder is not None:
+            return self.responder(body)
+        if self.script:
+            return self.script.pop(0)
+        return Turn(content="ok")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        received = await self._record(request)
+        body = received.json
+        turn = self._next_turn(body)
+        if turn.hang:
+            await asyncio.sleep(3600)
+        if turn.raw_body is not None:
+            return web.Response(status=turn.status, body=turn.raw_body, headers=turn.headers)
+        if turn.status != 200:
+            return web.json_response(turn.error or {"error": {"message": "upstream failure", "type": "server_error",
+                                                              "param": None, "code": None}},
+                                     status=turn.status, headers=turn.headers)
+        completion_id = f"chatcmpl-{next(self._ids)}"
+        model = body.get("model", "fake-model")
+        calls = [
+            {"id": f"call_{completion_id}_{i}", "type": "function",
+             "function": {"name": name, "arguments": args if isinstance(args, str) else orjson.dumps(args).decode()}}
+            for i, (name, args) in enumerate(turn.tool_calls)
+        ]
+        usage = {"prompt_tokens": len(received.body) // 4, "completion_tokens": len(turn.content or "") // 4 + 1,
+                 "total_tokens": len(received.body) // 4 + len(turn.content or "") // 4 + 1}
+        headers = {"x-request-id": f"req-{completion_id}", **turn.headers}
+        if not body.get("stream"):
+            message: dict[str, Any] = {"role": "assistant", "content": turn.content}
+            if calls:
+                message["tool_calls"] = calls
+            return web.json_response(
+                {"id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+                 "choices": [{"index": 0, "message": message, "logprobs": None,
+                              "finish_reason": "tool_calls" if calls else "stop"}],
+                 "usage": usage},
+                headers=headers,
+            )
+        chunks = list(self._stream_chunks(completion_id, model, turn, calls, body, usage))
+        record = StreamRecord(planned=len(chunks))
+        self.streams.append(record)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                               **headers})
+        await response.prepare(request)
+        try:
+            for number, chunk in enumerate(chunks):
+                if turn.drop_after is not None and number >= turn.drop_after:
+                    request.transport.close()  # type: ignore[union-attr]
+                    return response
+                if turn.delay:
+                    await asyncio.sleep(turn.delay)
+                await response.write(chunk)
+                record.sent += 1
+                record.body += chunk
+            record.completed = True
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        return response
+
+    def _stream_chunks(self, completion_id: str, model: str, turn: Turn, calls: list[dict], body: dict,
+                       usage: dict):
+        created = int(time.time())
+
+        def chunk(delta: dict, finish: str | None = None) -> bytes:
+            data = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            return b"data: " + orjson.dumps(data) + b"\n\n"
+
+        yield chunk({"role": "assistant", "content": ""})
+        if turn.keepalive:
+            yield b": keep-alive\n\n"
+        text = turn.content or ""
+        step = max(1, turn.chunk_chars)
+        for start in range(0, len(text), step):
+            yield chunk({"content": text[start:start + step]})
+        for index, call in enumerate(calls):
+            arguments = call["function"]["arguments"]
+            yield chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                         "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            # Split the argument JSON at awkward places: mid key, mid value, mid escape.
+            for start in range(0, len(arguments), 7):
+                yield chunk({"tool_calls": [{"index": index, "function": {"arguments": arguments[start:start + 7]}}]})
+        yield chunk({}, "tool_calls" if calls else "stop")
+        if (body.get("stream_options") or {}).get("include_usage"):
+            data = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [], "usage": usage}
+            yield b"data: " + orjson.dumps(data) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    async def _models(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model",
+                                                               "created": 0, "owned_by": "test"}]})
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        received = await self._record(request)
+        inputs = received.json.get("input")
+        inputs = inputs if isinstance(inputs, list) else [inputs]
+        return web.json_response({"object": "list", "model": received.json.get("model"),
+                                  "data": [{"object": "embedding", "index": i, "embedding": [0.1 * i, 0.2, 0.3]}
+                                           for i in range(len(inputs))],
+                                  "usage": {"prompt_tokens": 3, "total_tokens": 3}})
+
+    async def _echo(self, request: web.Request) -> web.Response:
+        received = await self._record(request)
+        return web.json_response(
+            {"method": received.method, "path": received.path, "query": received.query,
+             "body": received.body.decode("utf-8", "replace"),
+             "headers": {k.lower(): v for k, v in received.headers.items()}},
+            status=201 if request.method == "PUT" else 200,
+            headers={"x-upstream-echo": "1"},
+        )

@@ -1,0 +1,282 @@
+"""The transparent proxy, through the real openai client: nothing an agent can notice changes."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import aiohttp
+import openai
+import orjson
+import pytest
+
+from tests.fake_upstream import Turn
+
+TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+MESSAGES = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the bug."}]
+
+
+def clients(base_url: str):
+    return (openai.OpenAI(base_url=base_url, api_key="sk-test", max_retries=0),
+            openai.AsyncOpenAI(base_url=base_url, api_key="sk-test", max_retries=0))
+
+
+def comparable(completion) -> dict:
+    message = completion.choices[0].message
+    return {
+        "content": message.content,
+        "tool_calls": [(c.function.name, c.function.arguments) for c in message.tool_calls or []],
+        "finish_reason": completion.choices[0].finish_reason,
+        "usage": completion.usage.model_dump() if completion.usage else None,
+        "model": completion.model,
+    }
+
+
+def turn() -> Turn:
+    return Turn(content="I'll read the file — naïve café ✓.",
+                tool_calls=[("read_file", {"path": "src/app.py", "lines": [1, 20]}), ("ls", {"dir": "."})])
+
+
+async def test_non_streaming_equals_direct_sync_and_async(upstream, proxy):
+    direct_sync, direct_async = clients(upstream.url)
+    via_sync, via_async = clients(proxy.url)
+    results = []
+    for client in (direct_sync, via_sync):
+        upstream.script.append(turn())
+        results.append(await asyncio.to_thread(client.chat.completions.create, model="m", messages=MESSAGES,
+                                               tools=TOOLS))
+    for client in (direct_async, via_async):
+        upstream.script.append(turn())
+        results.append(await client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS))
+        await client.close()
+    first = comparable(results[0])
+    assert first["tool_calls"][0] == ("read_file", '{"path":"src/app.py","lines":[1,20]}')
+    assert all(comparable(r) == first for r in results[1:])
+    # The upstream received the request as the client sent it.
+    assert upstream.chat_requests[0] == upstream.chat_requests[1]
+
+
+async def _collect_stream(stream) -> dict:
+    text, calls, usage, finish = [], {}, None, None
+    async for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage.model_dump()
+        for choice in chunk.choices:
+            if choice.delta.content:
+                text.append(choice.delta.content)
+            for call in choice.delta.tool_calls or []:
+                entry = calls.setdefault(call.index, ["", ""])
+                entry[0] += call.function.name or ""
+                entry[1] += call.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return {"text": "".join(text), "calls": [tuple(calls[i]) for i in sorted(calls)], "usage": usage,
+            "finish": finish}
+
+
+async def test_streaming_equals_direct_with_tool_calls_and_usage(upstream, proxy):
+    results = []
+    for base in (upstream.url, proxy.url):
+        client = openai.AsyncOpenAI(base_url=base, api_key="sk-test", max_retries=0)
+        upstream.script.append(turn())
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, stream=True,
+                                                      stream_options={"include_usage": True})
+        results.append(await _collect_stream(stream))
+        await client.close()
+    assert results[0] == results[1]
+    assert results[0]["calls"] == [("read_file", '{"path":"src/app.py","lines":[1,20]}'), ("ls", '{"dir":"."}')]
+    assert results[0]["usage"]["total_tokens"] > 0
+    assert results[0]["finish"] == "tool_calls"
+
+
+async def test_stream_bytes_reach_the_client_unchanged(upstream, proxy):
+    upstream.script.append(Turn(content="x" * 300, chunk_chars=3, tool_calls=[("f", {"k": "v" * 40})]))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.url}/chat/completions",
+                             json={"model": "m", "messages": MESSAGES, "stream": True,
+                                   "stream_options": {"include_usage": True}}) as response:
+            received = await response.read()
+            assert response.headers["Content-Type"].startswith("text/event-stream")
+            assert response.headers["x-request-id"].startswith("req-")
+    assert received == bytes(upstream.streams[-1].body)
+    assert b": keep-alive" in received
+
+
+async def test_sync_streaming_through_proxy(upstream, proxy):
+    upstream.script.append(Turn(content="Hello from the stream.", chunk_chars=2))
+    client = openai.OpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0)
+
+    def consume():
+        with client.chat.completions.create(model="m", messages=MESSAGES, stream=True) as stream:
+            return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    assert await asyncio.to_thread(consume) == "Hello from the stream."
+    client.close()
+
+
+async def test_upstream_error_passes_through_with_status_body_and_headers(upstream, proxy):
+    body = {"error": {"message": "Rate limit reached", "type": "requests", "param": None,
+                      "code": "rate_limit_exceeded"}}
+    upstream.script.append(Turn(status=429, error=body, headers={"retry-after": "7", "x-request-id": "req-429"}))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.url}/chat/completions", json={"model": "m", "messages": MESSAGES}) as r:
+            assert r.status == 429
+            assert await r.json() == body
+            assert r.headers["retry-after"] == "7"
+            assert r.headers["x-request-id"] == "req-429"
+    upstream.script.append(Turn(status=429, error=body))
+    client = openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0)
+    with pytest.raises(openai.RateLimitError) as caught:
+        await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert caught.value.code == "rate_limit_exceeded"
+    await client.close()
+
+
+async def test_passthrough_models_embeddings_and_unknown_paths(upstream, proxy):
+    client = openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0)
+    models = await client.models.list()
+    assert [m.id for m in models.data] == ["fake-model"]
+    embeddings = await client.embeddings.create(model="e", input=["a", "b"])
+    assert [e.index for e in embeddings.data] == [0, 1]
+    await client.close()
+    async with aiohttp.ClientSession() as http:
+        async with http.put(f"{proxy.url}/custom/thing?x=1&y=two", data=b"raw-bytes\x00\xff",
+                            headers={"Authorization": "Bearer sk-test", "X-Custom": "yes",
+                                     "Content-Type": "application/octet-stream"}) as r:
+            assert r.status == 201
+            assert r.headers["x-upstream-echo"] == "1"
+            echoed = await r.json()
+    assert echoed["method"] == "PUT"
+    assert echoed["path"] == "/v1/custom/thing"
+    assert echoed["query"] == "x=1&y=two"
+    assert echoed["body"] == b"raw-bytes\x00\xff".decode("utf-8", "replace")
+    assert echoed["headers"]["x-custom"] == "yes"
+    assert echoed["headers"]["authorization"] == "Bearer sk-test"
+
+
+async def test_upstream_api_key_replaces_client_authorization(upstream, proxy_factory):
+    running = await proxy_factory(upstream.url, upstream_api_key="sk-real")
+    client = openai.AsyncOpenAI(base_url=running.url, api_key="sk-client", max_retries=0)
+    await client.chat.completions.create(model="m", messages=MESSAGES)
+    await client.close()
+    assert upstream.requests[-1].headers["Authorization"] == "Bearer sk-real"
+
+
+async def _post(url: str, data: bytes, content_type: str = "application/json"):
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, data=data, headers={"Content-Type": content_type}) as r:
+            return r.status, await r.json()
+
+
+@pytest.mark.parametrize(
+    "data, content_type, status, code",
+    [
+        (b"{not json", "application/json", 400, "invalid_json"),
+        (b"", "application/json", 400, "invalid_json"),
+        (b"[1, 2]", "application/json", 400, "invalid_json"),
+        (b'{"model": "m", "messages": "hi"}', "application/json", 400, "invalid_value"),
+        (b'{"model": "m", "messages": []}', "text/plain", 400, "invalid_content_type"),
+    ],
+)
+async def test_bad_requests_get_openai_errors_and_never_reach_upstream(upstream, proxy, data, content_type,
+                                                                       status, code):
+    got_status, body = await _post(f"{proxy.url}/chat/completions", data, content_type)
+    assert got_status == status
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["code"] == code
+    assert upstream.requests == []
+
+
+async def test_body_over_the_limit_is_413(upstream, proxy_factory):
+    running = await proxy_factory(upstream.url, max_body_bytes=1000)
+    status, body = await _post(f"{running.url}/chat/completions",
+                               orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 2000}]}))
+    assert status == 413
+    assert body["error"]["code"] == "request_too_large"
+    status, body = await _post(f"{running.url}/embeddings", b"y" * 5000)
+    assert status == 413
+    assert upstream.requests == []
+
+
+async def test_openai_client_sees_bad_request_error(proxy):
+    client = openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.post("/chat/completions", cast_to=object, content=b"{oops",
+                          options={"headers": {"Content-Type": "application/json"}})
+    assert caught.value.code == "invalid_json"
+    await client.close()
+
+
+async def test_non_json_upstream_answers(upstream, proxy):
+    upstream.script.append(Turn(raw_body=b"<html>gateway exploded</html>", status=200,
+                                headers={"Content-Type": "text/html"}))
+    status, body = await _post(f"{proxy.url}/chat/completions", orjson.dumps({"model": "m", "messages": MESSAGES}))
+    assert (status, body["error"]["type"]) == (502, "upstream_error")
+    upstream.script.append(Turn(raw_body=b"<html>bad gateway</html>", status=503,
+                                headers={"Content-Type": "text/html"}))
+    status, body = await _post(f"{proxy.url}/chat/completions", orjson.dumps({"model": "m", "messages": MESSAGES}))
+    assert status == 503
+    assert body["error"]["message"] == "<html>bad gateway</html>"
+
+
+async def test_upstream_closing_mid_stream_ends_the_stream_with_an_error(upstream, proxy):
+    upstream.script.append(Turn(content="a long answer " * 20, drop_after=5))
+    client = openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0)
+    stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    with pytest.raises(openai.APIError) as caught:
+        async for _ in stream:
+            pass
+    assert "upstream" in str(caught.value.message)
+    # The proxy keeps serving.
+    answer = await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert answer.choices[0].message.content == "ok"
+    await client.close()
+
+
+async def test_upstream_that_never_answers_is_504(upstream, proxy_factory):
+    running = await proxy_factory(upstream.url, upstream_read_timeout=0.3)
+    upstream.script.append(Turn(hang=True))
+    status, body = await _post(f"{running.url}/chat/completions", orjson.dumps({"model": "m", "messages": MESSAGES}))
+    assert status == 504
+    assert body["error"]["code"] == "upstream_timeout"
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_unreachable_upstream_is_502(proxy_factory):
+    running = await proxy_factory(f"http://127.0.0.1:{_closed_port()}/v1")
+    status, body = await _post(f"{running.url}/chat/completions", orjson.dumps({"model": "m", "messages": MESSAGES}))
+    assert status == 502
+    assert body["error"] == {"message": body["error"]["message"], "type": "upstream_error", "param": None,
+                             "code": "upstream_unreachable"}
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{running.url}/models") as r:
+            assert r.status == 502
+        async with http.get(f"{running.root}/healthz") as r:
+            assert (r.status, await r.json()) == (200, {"status": "ok"})
+
+
+async def test_client_going_away_stops_the_upstream_read(upstream, proxy):
+    upstream.script.append(Turn(content="word " * 400, chunk_chars=5, delay=0.01))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.url}/chat/completions",
+                             json={"model": "m", "messages": MESSAGES, "stream": True}) as r:
+            await r.content.readany()
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        if upstream.streams and not upstream.streams[-1].completed and upstream.streams[-1].sent < 100:
+            break
+    record = upstream.streams[-1]
+    await asyncio.sleep(0.2)
+    assert not record.completed
+    assert record.sent < record.planned / 2
+
+
+async def test_unknown_route_is_openai_shaped_404(proxy):
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{proxy.root}/nope") as r:
+            assert r.status == 404
+            assert (await r.json())["error"]["code"] == "not_found"

@@ -1,0 +1,108 @@
+"""The SSE parser and the stream assembler: pure code, any split gives the same result."""
+
+from __future__ import annotations
+
+import orjson
+from hypothesis import given, settings, strategies as st
+
+from proxy.wire.chat import ChatStreamAssembler
+from proxy.wire.sse import SSEEvent, SSEParser
+
+STREAM = (
+    b": keep-alive\n\n"
+    b"data: {\"a\": 1}\n\n"
+    b"event: response.output_text.delta\r\ndata: {\"b\": \"caf\xc3\xa9\"}\r\n\r\n"
+    b"data: line one\ndata: line two\n\n"
+    b"id: 7\nretry: 10\ndata:no-space\r\r"
+    b"data: [DONE]\n\n"
+)
+EXPECTED = [
+    SSEEvent(b'{"a": 1}'),
+    SSEEvent(b'{"b": "caf\xc3\xa9"}', "response.output_text.delta"),
+    SSEEvent(b"line one\nline two"),
+    SSEEvent(b"no-space"),
+    SSEEvent(b"[DONE]"),
+]
+
+
+def parse_in_pieces(data: bytes, cuts: list[int]) -> list[SSEEvent]:
+    parser = SSEParser()
+    events: list[SSEEvent] = []
+    start = 0
+    for cut in sorted(set(cuts)) + [len(data)]:
+        events += parser.feed(data[start:cut])
+        start = cut
+    return events
+
+
+def test_whole_stream_parses_to_expected_events():
+    assert SSEParser().feed(STREAM) == EXPECTED
+
+
+def test_byte_by_byte_gives_same_events():
+    assert parse_in_pieces(STREAM, list(range(len(STREAM)))) == EXPECTED
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=30))
+@settings(max_examples=300)
+def test_any_split_gives_same_events(cuts):
+    assert parse_in_pieces(STREAM, cuts) == EXPECTED
+
+
+@given(
+    st.lists(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=40), max_size=8),
+    st.sampled_from([b"\n", b"\r\n", b"\r"]),
+    st.lists(st.integers(min_value=0, max_value=2000), max_size=20),
+)
+@settings(max_examples=200)
+def test_generated_streams_any_line_ending_any_split(payloads, newline, cuts):
+    raw = b"".join(
+        b"data: " + orjson.dumps({"t": text}) + newline + (b": ping" + newline if i % 2 else b"") + newline
+        for i, text in enumerate(payloads)
+    )
+    events = parse_in_pieces(raw, [c for c in cuts if c <= len(raw)])
+    assert [orjson.loads(e.data)["t"] for e in events] == payloads
+
+
+def test_incomplete_event_is_not_emitted():
+    parser = SSEParser()
+    assert parser.feed(b"data: {\"x\": 1}\n") == []
+    assert parser.feed(b"\n") == [SSEEvent(b'{"x": 1}')]
+
+
+def _chunk(delta: dict, finish: str | None = None) -> dict:
+    return {"id": "c1", "model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def test_assembler_joins_split_tool_call_arguments_and_text():
+    assembler = ChatStreamAssembler()
+    texts = []
+    starts = 0
+    for chunk in [
+        _chunk({"role": "assistant", "content": ""}),
+        _chunk({"content": "Let me "}),
+        _chunk({"content": "look."}),
+        _chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                "function": {"name": "read_file", "arguments": ""}}]}),
+        _chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{\"pa"}}]}),
+        _chunk({"tool_calls": [{"index": 0, "function": {"arguments": "th\": \"a.py\"}"}}]}),
+        _chunk({"tool_calls": [{"index": 1, "id": "call_2", "type": "function",
+                                "function": {"name": "ls", "arguments": "{}"}}]}),
+        _chunk({}, "tool_calls"),
+        {"id": "c1", "model": "m", "choices": [], "usage": {"total_tokens": 9}},
+    ]:
+        text, started = assembler.add(chunk)
+        texts.append(text)
+        starts += started
+    assert "".join(texts) == "Let me look."
+    assert starts == 2
+    assert assembler.finish_reason == "tool_calls"
+    assert assembler.usage == {"total_tokens": 9}
+    assert assembler.message() == {
+        "role": "assistant",
+        "content": "Let me look.",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\": \"a.py\"}"}},
+            {"id": "call_2", "type": "function", "function": {"name": "ls", "arguments": "{}"}},
+        ],
+    }
