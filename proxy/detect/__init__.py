@@ -1,0 +1,1 @@
+"""Loop detection, sans-IO: plain data in, verdicts out."""

@@ -1,0 +1,213 @@
+"""The content layer: chanting, judged line by line so the verdict never depends on delta splits.
+
+Every line is classified from its own characters (never from how a delta
+happened to start): a fence toggles code and is not counted, code is not
+counted, a divider resets and is not counted, a list item, heading, quote or
+table row resets and is counted, prose is counted. Counted text is indexed at
+every offset in CONTENT_CHUNK_SIZE windows; a window that recurs
+CONTENT_LOOP_THRESHOLD times close together with few distinct gaps is chanting.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# How far apart the occurrences may be on average, in chunk sizes, and how many
+# characters a line may hold before it is classified no matter what follows.
+GAP_CHUNKS = 5
+CLASSIFY_WITHIN = 256
+
+_PROSE, _STRUCTURE, _DIVIDER, _FENCE, _CODE = range(5)
+_DIVIDER_CHARS = frozenset("-_=*~+") | frozenset(chr(c) for c in range(0x2500, 0x2580))
+_LIST_NUMBER = re.compile(r"\d{1,9}[.)]")
+_HEADING = re.compile(r"#{1,6}(?:[ \t]|$)")
+
+
+@dataclass(frozen=True)
+class Chant:
+    repeated: str  # the text that repeats (one period, or the chunk)
+    occurrences: int
+
+
+def _classify(line: str, complete: bool, in_code: bool) -> int | None:
+    """The kind of a line from its start; None while its start is still ambiguous."""
+    if not complete and len(line) >= CLASSIFY_WITHIN:
+        complete = True
+    s = line.lstrip(" \t")
+    if s.startswith(("```", "~~~")):
+        return _FENCE
+    if not complete and s in ("", "`", "``", "~", "~~"):
+        return None
+    if in_code:
+        return _CODE
+    if not s:
+        return _PROSE
+    first = s[0]
+    if first in "|>":
+        return _STRUCTURE
+    if first == "#":
+        if _HEADING.match(s):
+            return _STRUCTURE
+        return None if not complete and s == "#" * len(s) and len(s) <= 6 else _PROSE
+    if first in "-*+" and len(s) > 1 and s[1] in " \t":
+        return _STRUCTURE
+    if first.isdigit():
+        number = _LIST_NUMBER.match(s)
+        if number and len(s) > number.end():
+            return _STRUCTURE if s[number.end()] in " \t" else _PROSE
+        if not complete and (number or s.isdigit()):
+            return None
+        return _PROSE
+    if first in _DIVIDER_CHARS:
+        body = s.rstrip(" \t")
+        if all(c in _DIVIDER_CHARS or c in " \t" for c in body):
+            if not complete:
+                return None
+            return _DIVIDER if sum(c in _DIVIDER_CHARS for c in body) >= 3 else _PROSE
+    return _PROSE
+
+
+class ContentTracker:
+    """Chanting detector state for one task. Memory is bounded by the window kept."""
+
+    __slots__ = ("chunk_size", "threshold", "_keep", "_text", "_base", "_next", "_index", "_line", "_kind",
+                 "_in_code", "_muted")
+
+    def __init__(self, chunk_size: int = 50, threshold: int = 10, max_threshold: int | None = None) -> None:
+        self.chunk_size = chunk_size
+        self.threshold = threshold
+        # Enough text to hold the last `threshold` occurrences at the widest allowed spacing.
+        self._keep = chunk_size * GAP_CHUNKS * (max(threshold, max_threshold or 0) - 1) + chunk_size
+        self._text = ""
+        self._base = 0  # offset of _text[0] in the counted text
+        self._next = 0  # offset of the next window to index
+        self._index: dict[str, list[int]] = {}
+        self._line = ""  # the current line while its kind is unknown
+        self._kind: int | None = None
+        self._in_code = False
+        self._muted = False  # the rest of a message that already chanted is not counted again
+
+    def clone(self) -> "ContentTracker":
+        other = ContentTracker.__new__(ContentTracker)
+        for name in self.__slots__:
+            setattr(other, name, getattr(self, name))
+        other._index = {chunk: positions[:] for chunk, positions in self._index.items()}
+        return other
+
+    def reset(self) -> None:
+        """Start the tracking afresh (a structural line or a tool call)."""
+        self._text = ""
+        self._base = self._next = 0
+        self._index = {}
+
+    def end_message(self) -> Chant | None:
+        """A message ends its last line; the next message starts unmuted."""
+        found = self.feed("\n") if (self._line or self._kind is not None) else None
+        self._muted = False
+        self._line = ""
+        self._kind = None
+        return found
+
+    def feed(self, text: str) -> Chant | None:
+        """Take the next piece of streamed text; return the chant it completes, if any.
+
+        After a chant the tracking starts afresh and the rest of that message is
+        ignored: one message completes at most one episode.
+        """
+        if self._muted:
+            return None
+        found = None
+        start = 0
+        length = len(text)
+        while start < length and found is None:
+            newline = text.find("\n", start)
+            end = length if newline < 0 else newline
+            found = self._feed_line_part(text[start:end], complete=newline >= 0)
+            start = end + 1
+        if found is not None:
+            self.reset()
+            self._muted = True
+        return found
+
+    def _feed_line_part(self, part: str, complete: bool) -> Chant | None:
+        found = None
+        if self._kind is None:
+            self._line += part
+            kind = _classify(self._line, complete, self._in_code)
+            if kind is None:
+                return None
+            self._kind = kind
+            if kind == _FENCE:
+                self._in_code = not self._in_code
+            if kind in (_STRUCTURE, _DIVIDER, _FENCE):
+                self.reset()
+            if kind in (_PROSE, _STRUCTURE):
+                found = self._count(self._line)
+            self._line = ""
+        elif self._kind in (_PROSE, _STRUCTURE):
+            found = self._count(part)
+        if complete:
+            if found is None and self._kind in (_PROSE, _STRUCTURE):
+                found = self._count("\n")
+            self._kind = None
+            self._line = ""
+        return found
+
+    def _count(self, text: str) -> Chant | None:
+        if not text:
+            return None
+        self._text += text
+        size = self.chunk_size
+        stop = self._base + len(self._text) - size
+        index = self._index
+        base = self._base
+        body = self._text
+        found = None
+        position = self._next
+        while position <= stop:
+            chunk = body[position - base : position - base + size]
+            positions = index.get(chunk)
+            if positions is None:
+                index[chunk] = [position]
+            else:
+                positions.append(position)
+                if len(positions) >= self.threshold:
+                    found = self._chanting(positions)
+                    if found is not None:
+                        position += 1
+                        break
+            position += 1
+        self._next = position
+        if len(self._text) > 2 * self._keep:
+            self._trim()
+        return found
+
+    def _chanting(self, positions: list[int]) -> Chant | None:
+        recent = positions[-self.threshold :]
+        if recent[-1] - recent[0] > self.chunk_size * GAP_CHUNKS * (self.threshold - 1):
+            return None
+        body, base = self._text, self._base
+        gaps = {body[a - base : b - base] for a, b in zip(recent, recent[1:])}
+        if len(gaps) > self.threshold // 2:
+            return None
+        last_gap = body[recent[-2] - base : recent[-1] - base]
+        repeated = last_gap if len(last_gap) >= self.chunk_size else body[recent[-1] - base : recent[-1] - base
+                                                                          + self.chunk_size]
+        return Chant(repeated=repeated, occurrences=len(positions))
+
+    def _trim(self) -> None:
+        cut = len(self._text) - self._keep
+        self._text = self._text[cut:]
+        self._base += cut
+        floor = self._base
+        self._index = {
+            chunk: kept
+            for chunk, positions in self._index.items()
+            if (kept := [p for p in positions if p >= floor])
+        }
+
+    @property
+    def state_size(self) -> int:
+        """Characters plus index entries held: the memory this tracker uses grows with this."""
+        return len(self._text) + sum(len(p) for p in self._index.values()) + len(self._line)

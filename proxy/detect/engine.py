@@ -1,0 +1,381 @@
+"""The engine: a conversation in, episodes and the warn-then-stop decision out. No I/O.
+
+A conversation is folded message by message. A user message starts a task;
+each assistant message is one turn and may complete one finding (the rules it
+tripped, in SPEC order). The fold's state after the messages already seen is
+cached per session, so a long conversation is analysed only by its new
+messages; the cache is checked against every message's fingerprint, so it can
+make an analysis faster but never change a verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+
+from proxy.detect.content import ContentTracker
+from proxy.detect.judge_policy import JudgeCheck
+from proxy.detect.normalize import canonical_arguments, digest, excerpt, mask, reads_as_error
+from proxy.detect.tools import Call, ToolFinding, ToolTracker
+from proxy.wire.chat import message_text
+
+TYPES = ("tool_call", "tool_cycle", "tool_error", "content", "llm")
+INJECTED_PREFIX = "[loopwarden] "
+
+
+@dataclass(frozen=True)
+class DetectConfig:
+    tool_call_threshold: int = 5
+    content_chunk_size: int = 50
+    content_loop_threshold: int = 10
+    dynamic_thresholds: bool = False
+    whitelisted_tools: frozenset[str] = frozenset()
+    max_warnings: int = 2
+    judge_confirm: bool = False
+
+    @classmethod
+    def from_settings(cls, settings) -> "DetectConfig":
+        return cls(
+            tool_call_threshold=settings.tool_call_threshold,
+            content_chunk_size=settings.content_chunk_size,
+            content_loop_threshold=settings.content_loop_threshold,
+            dynamic_thresholds=settings.dynamic_thresholds,
+            whitelisted_tools=settings.whitelisted_tools,
+            max_warnings=settings.max_warnings,
+            judge_confirm=settings.judge_confirm_model is not None,
+        )
+
+    def _scaled(self, base: int, turn: int) -> int:
+        # Short tasks stricter, long ones looser (3 / 5 / 7 for a base of 5).
+        if not self.dynamic_thresholds or 10 <= turn <= 30:
+            return base
+        return max(2, round(base * (0.6 if turn < 10 else 1.4)))
+
+    def tool_threshold(self, turn: int) -> int:
+        return self._scaled(self.tool_call_threshold, turn)
+
+    def content_threshold(self, turn: int) -> int:
+        return self._scaled(self.content_loop_threshold, turn)
+
+    def new_content_tracker(self) -> ContentTracker:
+        widest = self.content_threshold(31)
+        return ContentTracker(self.content_chunk_size, self.content_loop_threshold, max_threshold=widest)
+
+
+@dataclass
+class Finding:
+    """What one assistant message tripped, in SPEC order; its warning goes at `place`."""
+
+    message_index: int
+    place: int
+    turn: int
+    trips: list[tuple[str, dict]]
+
+
+@dataclass(frozen=True)
+class Episode:
+    number: int
+    limit: int  # MAX_WARNINGS: episodes beyond it are the stop
+    type: str
+    detail: dict
+    message_index: int
+    place: int
+    turn: int
+
+    @property
+    def is_stop(self) -> bool:
+        return self.number > self.limit
+
+
+@dataclass
+class TaskState:
+    start: int
+    key: str
+    tools: ToolTracker
+    content: ContentTracker
+    turns: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    turn_places: list[tuple[int, int]] = field(default_factory=list)  # per turn: (message index, place)
+
+    def clone(self) -> "TaskState":
+        return TaskState(self.start, self.key, self.tools.clone(), self.content.clone(), self.turns,
+                         list(self.findings), list(self.turn_places))
+
+
+@dataclass
+class FoldCache:
+    reset_at: int
+    fingerprints: list[int]
+    state: TaskState
+
+
+def _fingerprint(message: dict) -> int:
+    return hash(orjson.dumps(message))
+
+
+def _task_key(messages: list[dict], start: int) -> str:
+    opener = message_text(messages[start - 1]) if start > 0 else ""
+    return digest(f"{start}\x00{opener}").hex()[:16]
+
+
+def _new_task(config: DetectConfig, messages: list[dict], start: int) -> TaskState:
+    return TaskState(start, _task_key(messages, start), ToolTracker(), config.new_content_tracker())
+
+
+def is_injected(message: dict) -> bool:
+    """A warning the proxy wrote: never the model's output, never a user's new task."""
+    content = message.get("content")
+    return isinstance(content, str) and content.startswith(INJECTED_PREFIX) and message.get("role") != "assistant"
+
+
+def _tool_results(messages: list[dict], after: int) -> tuple[dict[str, tuple[str, bool]], int]:
+    """Tool results that follow an assistant message, and the index just past them."""
+    results: dict[str, tuple[str, bool]] = {}
+    j = after
+    while j < len(messages) and messages[j].get("role") == "tool":
+        message = messages[j]
+        marked = message.get("is_error") is True or message.get("status") == "error"
+        results[str(message.get("tool_call_id"))] = (message_text(message), marked)
+        j += 1
+    return results, j
+
+
+def make_call(raw: dict, results: dict[str, tuple[str, bool]]) -> Call:
+    function = raw.get("function") or {}
+    name = str(function.get("name") or "")
+    arguments = canonical_arguments(function.get("arguments") or "")
+    outcome = results.get(str(raw.get("id")))
+    if outcome is None:
+        return Call(f"{name}\x00{arguments}", name, arguments, None, None)
+    text, marked = outcome
+    masked = mask(text)
+    error = masked[:500] if marked or reads_as_error(masked) else None
+    return Call(f"{name}\x00{arguments}", name, arguments, digest(masked), error)
+
+
+def _tool_detail(found: ToolFinding) -> dict:
+    first = found.calls[-1] if found.type != "tool_cycle" else found.calls[0]
+    detail: dict = {"tool": first.name, "arguments": excerpt(first.arguments), "repeats": found.repeats}
+    if found.type == "tool_cycle":
+        detail["cycle"] = [c.name for c in found.calls]
+        detail["cycle_arguments"] = [excerpt(c.arguments, 60) for c in found.calls]
+    if found.type == "tool_error":
+        detail["error"] = excerpt(first.error or "", 200)
+    return detail
+
+
+class Turn:
+    """One assistant turn being folded: text first, then tool calls, then the finding."""
+
+    def __init__(self, config: DetectConfig, state: TaskState, message_index: int) -> None:
+        self.config = config
+        self.state = state
+        self.message_index = message_index
+        state.turns += 1
+        self.turn = state.turns
+        state.content.threshold = config.content_threshold(self.turn)
+        self.chant = None
+        self.tool_found: ToolFinding | None = None
+        self._text_ended = False
+
+    def text(self, piece: str) -> bool:
+        """Feed text; True when it completed a chant."""
+        if self.chant is None and not self._text_ended:
+            self.chant = self.state.content.feed(piece)
+            return self.chant is not None
+        return False
+
+    def end_text(self) -> bool:
+        """The text is over (a tool call began, or the message ended)."""
+        if self._text_ended:
+            return False
+        self._text_ended = True
+        ended = self.state.content.end_message()
+        if self.chant is None and ended is not None:
+            self.chant = ended
+            return True
+        return False
+
+    def tool_call(self, call: Call) -> None:
+        self.end_text()
+        self.state.content.reset()  # a tool call starts the content tracking afresh
+        if call.name in self.config.whitelisted_tools:
+            self.state.tools.skip()
+            return
+        found = self.state.tools.add(call, self.config.tool_threshold(self.turn))
+        if found is not None and (self.tool_found is None
+                                  or TYPES.index(found.type) < TYPES.index(self.tool_found.type)):
+            self.tool_found = found
+
+    def finish(self, place: int) -> Finding | None:
+        self.end_text()
+        self.state.turn_places.append((self.message_index, place))
+        trips: list[tuple[str, dict]] = []
+        if self.tool_found is not None:
+            trips.append((self.tool_found.type, _tool_detail(self.tool_found)))
+        if self.chant is not None:
+            trips.append(("content", {"repeated": excerpt(self.chant.repeated, 200),
+                                      "occurrences": self.chant.occurrences}))
+        if not trips:
+            return None
+        finding = Finding(self.message_index, place, self.turn, trips)
+        self.state.findings.append(finding)
+        return finding
+
+
+def _fold(config: DetectConfig, state: TaskState, messages: list[dict], begin: int, end: int,
+          reset_at: int) -> TaskState:
+    j = begin
+    while j < end:
+        message = messages[j]
+        if j == reset_at and j > 0:
+            state = _new_task(config, messages, j)
+        role = message.get("role")
+        if is_injected(message):
+            j += 1
+        elif role == "user":
+            state = _new_task(config, messages, j + 1)
+            j += 1
+        elif role == "assistant":
+            results, after = _tool_results(messages, j + 1)
+            turn = Turn(config, state, j)
+            text = message_text(message)
+            if text:
+                turn.text(text)
+            for raw in message.get("tool_calls") or ():
+                if isinstance(raw, dict):
+                    turn.tool_call(make_call(raw, results))
+            turn.finish(after)
+            j = after
+        else:
+            j += 1  # system, developer, stray tool results
+    if end == reset_at and state.start < reset_at:
+        state = _new_task(config, messages, reset_at)
+    return state
+
+
+def _final_step_start(messages: list[dict]) -> int:
+    """Where the messages whose results may still grow begin (the last call still unanswered)."""
+    for j in range(len(messages) - 1, -1, -1):
+        role = messages[j].get("role")
+        if role == "tool":
+            continue
+        if role == "assistant" and messages[j].get("tool_calls"):
+            results, _ = _tool_results(messages, j + 1)
+            ids = {str(c.get("id")) for c in messages[j]["tool_calls"] if isinstance(c, dict)}
+            if not ids <= results.keys():
+                return j
+        break
+    return len(messages)
+
+
+def analyze(config: DetectConfig, messages: list[dict], reset_at: int = 0,
+            cache: FoldCache | None = None) -> tuple[TaskState, FoldCache]:
+    """The state of the current task after `messages`, and the cache for the next request."""
+    fingerprints = [_fingerprint(m) for m in messages]
+    reset_at = min(reset_at, len(messages))  # a history shortened since the reset: all of it is forgiven
+    settled = _final_step_start(messages)
+    begin = 0
+    state = None
+    if cache is not None and cache.reset_at == reset_at and len(cache.fingerprints) <= settled \
+            and fingerprints[: len(cache.fingerprints)] == cache.fingerprints:
+        begin = len(cache.fingerprints)
+        state = cache.state
+    if state is None:
+        state = _new_task(config, messages, 0)
+    state = _fold(config, state, messages, begin, settled, reset_at)
+    new_cache = FoldCache(reset_at, fingerprints[:settled], state)
+    if settled < len(messages):
+        state = _fold(config, state.clone(), messages, settled, len(messages), reset_at)
+    return state, new_cache
+
+
+def episodes(config: DetectConfig, state: TaskState, *, plan_mode: bool = False,
+             judge_checks: list[JudgeCheck] = ()) -> list[Episode]:
+    """Number the task's findings: one episode per message, named after its first allowed rule."""
+    trips_at: dict[int, tuple[Finding, list[tuple[str, dict]]]] = {}
+    for finding in state.findings:
+        trips = [t for t in finding.trips if not (plan_mode and t[0] == "content")]
+        if trips:
+            trips_at[finding.message_index] = (finding, trips)
+    for check in judge_checks:
+        if check.task != state.key or not check.is_loop(config.judge_confirm):
+            continue
+        # The verdict is about the turns it saw; it counts on the next turn after them.
+        if check.turn < len(state.turn_places):
+            index, place = state.turn_places[check.turn]
+            detail = {"confidence": check.confidence, "analysis": excerpt(check.analysis, 300)}
+            if index in trips_at:
+                trips_at[index][1].append(("llm", detail))
+            else:
+                trips_at[index] = (Finding(index, place, check.turn + 1, []), [("llm", detail)])
+    result = []
+    for number, index in enumerate(sorted(trips_at), start=1):
+        finding, trips = trips_at[index]
+        kind, detail = trips[0]
+        result.append(Episode(number, config.max_warnings, kind, detail, finding.message_index, finding.place,
+                              finding.turn))
+    return result
+
+
+@dataclass
+class Decision:
+    episodes: list[Episode]
+
+    @property
+    def stop(self) -> Episode | None:
+        return next((e for e in self.episodes if e.is_stop), None)
+
+    @property
+    def warnings(self) -> list[Episode]:
+        return [e for e in self.episodes if not e.is_stop]
+
+
+class ResponseWatcher:
+    """Follows the response to one request: the next assistant turn of the task."""
+
+    def __init__(self, config: DetectConfig, state: TaskState, decision: Decision, message_index: int,
+                 plan_mode: bool) -> None:
+        self.config = config
+        self.plan_mode = plan_mode
+        self.next_number = len(decision.episodes) + 1
+        self.episode: Episode | None = None
+        self._turn = Turn(config, state, message_index)
+        self._calls: list[dict] = []
+
+    def _content_episode(self) -> Episode | None:
+        if self.plan_mode or self._turn.chant is None:
+            return None
+        self.episode = Episode(self.next_number, self.config.max_warnings, "content",
+                               {"repeated": excerpt(self._turn.chant.repeated, 200),
+                                "occurrences": self._turn.chant.occurrences},
+                               self._turn.message_index, self._turn.message_index + 1, self._turn.turn)
+        return self.episode
+
+    def text(self, piece: str) -> Episode | None:
+        """Streamed text; an episode when it completes a chant (the stream is to be cut)."""
+        return self._content_episode() if self._turn.text(piece) else None
+
+    def tool_call_started(self) -> Episode | None:
+        return self._content_episode() if self._turn.end_text() else None
+
+    def finish(self, tool_calls: list[dict]) -> Episode | None:
+        """The response is complete: its tool calls count now, their results still unknown."""
+        if self.episode is not None:
+            return None
+        if not tool_calls and self._turn.end_text():
+            return self._content_episode()
+        for raw in tool_calls:
+            if isinstance(raw, dict):
+                self._turn.tool_call(make_call(raw, {}))
+        finding = self._turn.finish(self._turn.message_index + 1)
+        if finding is None:
+            return None
+        trips = [t for t in finding.trips if not (self.plan_mode and t[0] == "content")]
+        if not trips:
+            return None
+        kind, detail = trips[0]
+        self.episode = Episode(self.next_number, self.config.max_warnings, kind, detail, finding.message_index,
+                               finding.place, finding.turn)
+        return self.episode

@@ -1,0 +1,75 @@
+"""The judge's policy: when a check is due, what the judge is shown, how an answer becomes a verdict."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+LOOP_CONFIDENCE = 0.9
+FIRST_INTERVAL = 10
+MIN_INTERVAL, MAX_INTERVAL = 5, 15
+WINDOW_MESSAGES = 20
+
+
+@dataclass(frozen=True)
+class JudgeCheck:
+    """A finished check, as stored: the task turn it looked at and what the judges answered."""
+
+    task: str
+    turn: int
+    confidence: float | None  # None: the judge gave no usable answer
+    confirm_confidence: float | None = None
+    analysis: str = ""
+
+    @property
+    def deciding_confidence(self) -> float | None:
+        return self.confirm_confidence if self.confirm_confidence is not None else self.confidence
+
+    def is_loop(self, confirm_required: bool) -> bool:
+        if self.confidence is None or self.confidence < LOOP_CONFIDENCE:
+            return False
+        if confirm_required:
+            return self.confirm_confidence is not None and self.confirm_confidence >= LOOP_CONFIDENCE
+        return True
+
+
+def interval_after(confidence: float | None) -> int:
+    """Turns until the next check: sooner when the judge was less sure all is well."""
+    if confidence is None:
+        return FIRST_INTERVAL
+    # floor(x + 0.5) rounds halves up, as JavaScript's Math.round does.
+    return min(MAX_INTERVAL, max(MIN_INTERVAL, math.floor(5 + 10 * (1 - confidence) + 0.5)))
+
+
+def check_due(turn: int, after_turns: int, checks: list[JudgeCheck]) -> bool:
+    """Whether the task, at `turn` assistant turns, is due a judge check."""
+    if turn < after_turns:
+        return False
+    if not checks:
+        return True
+    answered = [c for c in checks if c.deciding_confidence is not None]
+    interval = interval_after(answered[-1].deciding_confidence) if answered else FIRST_INTERVAL
+    return turn - checks[-1].turn >= interval
+
+
+def judge_window(messages: list[dict], task_start: int) -> tuple[str, list[dict]]:
+    """The task's original user request and its last messages, with dangling tool calls trimmed."""
+    request = ""
+    if task_start > 0 and messages[task_start - 1].get("role") == "user":
+        content = messages[task_start - 1].get("content")
+        request = content if isinstance(content, str) else str(content)
+    window = [m for m in messages[task_start:] if isinstance(m, dict)][-WINDOW_MESSAGES:]
+    answered = {m.get("tool_call_id") for m in window if m.get("role") == "tool"}
+    called: set[str] = set()
+    trimmed: list[dict] = []
+    for message in window:
+        if message.get("role") == "tool" and message.get("tool_call_id") not in called:
+            continue  # its call fell outside the window
+        calls = message.get("tool_calls") or []
+        if calls:
+            kept = [c for c in calls if isinstance(c, dict) and c.get("id") in answered]
+            called.update(c.get("id") for c in kept)
+            message = {**message, "tool_calls": kept} if kept else {k: v for k, v in message.items()
+                                                                     if k != "tool_calls"}
+        trimmed.append(message)
+    return request, trimmed

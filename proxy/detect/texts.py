@@ -1,0 +1,46 @@
+"""What the model and the client are told: the injected warnings and the stop's message."""
+
+from __future__ import annotations
+
+from proxy.detect.engine import INJECTED_PREFIX, Episode
+
+
+def describe(episode: Episode) -> str:
+    """What repeats, in one sentence."""
+    d = episode.detail
+    if episode.type == "tool_call":
+        return (f"you called `{d['tool']}` with {d['arguments']} {d['repeats']} times in a row "
+                f"and got the same result each time")
+    if episode.type == "tool_cycle":
+        steps = " → ".join(f"`{name}`" for name in d["cycle"])
+        return f"you repeated the same cycle of tool calls ({steps}) {d['repeats']} times with the same results"
+    if episode.type == "tool_error":
+        return (f"`{d['tool']}` with {d['arguments']} failed {d['repeats']} times with the same error: "
+                f"{d['error']}")
+    if episode.type == "content":
+        return f"your reply keeps repeating the same text: \"{d['repeated'].strip()}\""
+    return f"a review of this task found it is no longer making progress ({d.get('analysis') or 'no detail'})"
+
+
+_ADVICE = {
+    "tool_call": "Calling it again will not change the outcome. Use what the result already told you, "
+                 "or change the arguments, use another tool, or take a different approach.",
+    "tool_cycle": "The cycle is not making progress. Break it: change what you do at one of its steps, "
+                  "or take a different approach.",
+    "tool_error": "Retrying the same call will fail the same way. Read the error, fix its cause or change "
+                  "the arguments, or take a different approach.",
+    "content": "Stop repeating it. Continue with new content, or finish your answer.",
+    "llm": "Step back, summarise what you have learned, and take a different approach.",
+}
+
+
+def warning_text(episode: Episode) -> str:
+    last = " This is the last warning: the next repeat ends the task." if episode.number == episode.limit else ""
+    return (f"{INJECTED_PREFIX}Loop detected ({episode.number}/{episode.limit}): {describe(episode)}. "
+            f"{_ADVICE[episode.type]}{last}")
+
+
+def stop_text(episode: Episode) -> str:
+    warned = f"after {episode.limit} warning{'s' if episode.limit != 1 else ''}" if episode.limit else "at once"
+    return (f"{INJECTED_PREFIX}Loop detected ({episode.type}): {describe(episode)}. The task was stopped "
+            f"{warned}; the request was not sent upstream. Send a new user message to start a new task.")

@@ -1,0 +1,80 @@
+"""The tool-call layer: the same call again and again, cycles of calls, the same call failing the same way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_CYCLE = 5
+ERROR_REPEATS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One tool call, compared by meaning: name plus canonical arguments, and its masked result."""
+
+    key: str  # name + NUL + canonical arguments
+    name: str
+    arguments: str  # canonical arguments
+    result: bytes | None  # digest of the masked result; None while unknown
+    error: str | None  # the masked error text when the result is an error
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFinding:
+    type: str  # tool_call, tool_cycle or tool_error
+    calls: tuple[Call, ...]  # the call, or the cycle's calls in order
+    repeats: int
+
+
+def _same(a: Call, b: Call) -> bool:
+    # A result not yet known counts as unchanged.
+    return a.key == b.key and (a.result is None or b.result is None or a.result == b.result)
+
+
+class ToolTracker:
+    """Streaks for every period 1..5 and error counts, for one task. Constant memory but the error table."""
+
+    __slots__ = ("_recent", "_runs", "_errors")
+
+    def __init__(self) -> None:
+        self._recent: list[Call | None] = []  # last MAX_CYCLE calls; None is a call never counted
+        self._runs = [0] * (MAX_CYCLE + 1)  # _runs[k]: consecutive calls equal to the call k before
+        self._errors: dict[tuple[str, str], int] = {}
+
+    def clone(self) -> "ToolTracker":
+        other = ToolTracker.__new__(ToolTracker)
+        other._recent = self._recent[:]
+        other._runs = self._runs[:]
+        other._errors = dict(self._errors)
+        return other
+
+    def skip(self) -> None:
+        """A whitelisted call: never counted, and it breaks every streak and cycle around it."""
+        self._recent = (self._recent + [None])[-MAX_CYCLE:]
+        self._runs = [0] * (MAX_CYCLE + 1)
+
+    def add(self, call: Call, threshold: int) -> ToolFinding | None:
+        recent = self._recent
+        runs = self._runs
+        for k in range(1, MAX_CYCLE + 1):
+            before = recent[-k] if len(recent) >= k else None
+            runs[k] = runs[k] + 1 if before is not None and _same(call, before) else 0
+        self._recent = (recent + [call])[-MAX_CYCLE:]
+
+        found = None
+        for k in range(1, MAX_CYCLE + 1):
+            # A period-k pattern repeated `threshold` times: all but its first k calls match.
+            if runs[k] >= k * (threshold - 1):
+                cycle = tuple(c for c in self._recent[-k:] if c is not None)
+                found = ToolFinding("tool_call" if k == 1 else "tool_cycle", cycle, runs[k] // k + 1)
+                break
+        if call.error is not None:
+            count = self._errors.get((call.key, call.error), 0) + 1
+            self._errors[(call.key, call.error)] = count
+            if found is None and count >= ERROR_REPEATS:
+                found = ToolFinding("tool_error", (call,), count)
+        return found
+
+    @property
+    def state_size(self) -> int:
+        return len(self._errors) + len(self._recent)

@@ -1,0 +1,206 @@
+"""The content layer (chanting): the reference's behaviours, without its bugs, split-independent."""
+
+from __future__ import annotations
+
+import random
+import string
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from proxy.detect.content import ContentTracker
+
+SENTENCE = "This is a sentence that repeats over and over now. "  # 51 characters
+
+
+def first_chant(deltas: list[str], tracker: ContentTracker | None = None) -> int | None:
+    """Index of the delta that completed a chant, or None."""
+    tracker = tracker or ContentTracker()
+    for i, delta in enumerate(deltas):
+        if tracker.feed(delta) is not None:
+            return i
+    return None
+
+
+def chant_position(text: str) -> int | None:
+    """The character at which a chant is found, feeding one character at a time."""
+    return first_chant(list(text))
+
+
+def test_random_text_never_chants():
+    rng = random.Random(7)
+    deltas = ["".join(rng.choice(string.ascii_letters + " .,") for _ in range(10)) for _ in range(1000)]
+    assert first_chant(deltas) is None
+
+
+def test_same_sentence_ten_times_chants_on_the_tenth():
+    sentence = "The same fifty characters appear again and again.."
+    assert len(sentence) == 50
+    assert first_chant([sentence] * 9) is None
+    assert first_chant([sentence] * 10) == 9
+
+
+def test_reports_the_repeated_text():
+    tracker = ContentTracker()
+    found = None
+    for _ in range(12):
+        found = found or tracker.feed(SENTENCE)
+    assert found is not None
+    assert found.repeated.strip() == SENTENCE.strip()
+
+
+def test_long_shared_prefix_lines_are_not_chanting():
+    lines = [f"projects/my-project/locations/us-central1/services/service-number-{i}\n" for i in range(15)]
+    assert first_chant(lines) is None
+    assert first_chant([f"- {line}" for line in lines]) is None
+
+
+def test_sentence_separated_by_random_text_is_not_chanting():
+    rng = random.Random(3)
+    deltas = []
+    for _ in range(15):
+        deltas.append(SENTENCE)
+        deltas.append("".join(rng.choice(string.ascii_letters + " ") for _ in range(500)))
+    assert first_chant(deltas) is None
+
+
+def test_long_pattern_caught_within_twelve_repeats():
+    pattern = ("When I run the migration it fails with a lock timeout, so I will retry the migration after "
+               "waiting for the lock to be released by the other job. ")
+    assert 140 <= len(pattern) <= 170
+    found = first_chant([pattern] * 20)
+    assert found is not None and found < 12
+
+
+@pytest.mark.parametrize(
+    "unit, within",
+    [
+        ("I will not output any text.\nI will just end the turn.\nI will not output any text.\n"
+         "I will just end the turn.\nI am done.\n", 15),
+        ("I have added all the requested logs and verified the test file. I will now mark the task as "
+         "complete.\n  ", 15),
+        ("Thinking... Done. ", 30),
+        ("I need to check the file. The file does not exist. I will create the file. ", 15),
+    ],
+)
+def test_real_model_loops_are_caught(unit, within):
+    found = first_chant([unit] * 40)
+    assert found is not None and found < within
+
+
+def test_token_sized_deltas_with_lone_punctuation_are_caught():
+    # The reference resets on a lone "." delta; classifying by line does not.
+    tokens = []
+    for _ in range(20):
+        tokens += ["I", " will", " check", " the", " file", " again", " now", ".", " It", " failed", "."]
+    assert first_chant(tokens) is not None
+
+
+def test_repetition_inside_code_fence_is_ignored():
+    assert first_chant(["```python\n"] + ["print('hello world, this line repeats itself')\n"] * 30) is None
+
+
+def test_sentences_then_fence_then_more_is_not_chanting():
+    assert first_chant([SENTENCE] * 8 + ["\n```\n"] + [SENTENCE] * 10) is None
+
+
+def test_open_fence_then_sentences_is_not_chanting():
+    assert first_chant(["```\n"] + [SENTENCE] * 15) is None
+
+
+def test_several_fence_transitions_are_not_chanting():
+    deltas = []
+    for _ in range(5):
+        deltas += ["```\n", "code line that repeats and repeats and repeats ok\n" * 3, "```\n", "Some prose.\n"]
+    assert first_chant(deltas) is None
+
+
+def test_looping_text_after_a_closed_block_is_caught():
+    deltas = ["```\nx = 1\n```\n"] + [SENTENCE] * 12
+    assert first_chant(deltas) is not None
+
+
+def test_identical_code_lines_in_a_block_are_ignored():
+    assert first_chant(["```js\n"] + ["for (let i = 0; i < 10; i++) { console.log(i); }\n"] * 20) is None
+
+
+@pytest.mark.parametrize("marker", ["```\n", "| a | b |\n", "|---|---|\n", "+---+---+\n", "* item\n",
+                                    "- item\n", "+ item\n", "1. item\n", "42. item\n", "# Title\n",
+                                    "### Title\n", "###### Title\n", "> quoted\n"])
+def test_a_structural_line_restarts_the_count(marker):
+    line = SENTENCE.strip() + "\n"
+    assert first_chant([line] * 9 + [marker] + [line] * 9) is None
+    assert first_chant([line] * 9 + ["just prose\n"] + [line] * 9) is not None
+
+
+@pytest.mark.parametrize("divider", ["-" * 50 + "\n", "╭─" * 25 + "\n", "=" * 60 + "\n"])
+def test_dividers_are_not_chanting(divider):
+    assert first_chant([divider] * 15) is None
+
+
+def test_empty_text_is_nothing():
+    assert first_chant(["", "", ""]) is None
+    assert ContentTracker().end_message() is None
+
+
+def test_reset_forgets_earlier_repeats():
+    tracker = ContentTracker()
+    assert first_chant([SENTENCE] * 9, tracker) is None
+    tracker.reset()
+    assert first_chant([SENTENCE] * 9, tracker) is None
+
+
+# The reference's bugs, which loopwarden does not copy.
+
+def test_dash_bullets_are_list_items_like_star_bullets():
+    bullet = "- Updated the configuration loader to read the new file\n"
+    assert first_chant([bullet] * 15) is None
+    assert first_chant([bullet.replace("-", "*", 1)] * 15) is None
+
+
+def test_a_lone_punctuation_delta_does_not_reset_tracking():
+    deltas = []
+    for _ in range(12):
+        deltas += ["I am going to retry the failing step one more time", "."]
+    assert first_chant(deltas) is not None
+
+
+def test_unclosed_fence_does_not_outlive_the_tracker():
+    # Each task gets a fresh tracker (the engine's job); a new tracker is never in code.
+    stale = ContentTracker()
+    stale.feed("```\n")
+    assert first_chant([SENTENCE] * 12, ContentTracker()) is not None
+
+
+# Split independence.
+
+CHANTING = ("Intro line.\n" + "- a list item\n" + "Let me try that again. " * 14 + "\n```\nx\n```\n"
+            + "Checking the output once more... " * 12)
+CALM = "".join(f"Line {i}: a different sentence about file_{i}.py and its contents.\n" for i in range(40))
+
+
+@given(st.sampled_from([CHANTING, CALM]), st.lists(st.integers(min_value=1, max_value=len(CHANTING)), max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_verdict_and_position_do_not_depend_on_the_split(text, cuts):
+    position = chant_position(text)
+    bounds = sorted({c for c in cuts if c < len(text)}) + [len(text)]
+    deltas, start = [], 0
+    for bound in bounds:
+        deltas.append(text[start:bound])
+        start = bound
+    found = first_chant(deltas)
+    if position is None:
+        assert found is None
+    else:
+        assert found is not None
+        # The chant is found in the delta that holds the character where it completes.
+        delta_start = sum(len(d) for d in deltas[:found])
+        assert delta_start <= position < delta_start + len(deltas[found])
+
+
+def test_memory_is_bounded_whatever_the_length():
+    tracker = ContentTracker()
+    rng = random.Random(1)
+    for _ in range(2000):
+        tracker.feed("".join(rng.choice(string.ascii_lowercase + " ") for _ in range(100)) + "\n")
+    assert tracker.state_size < 10 * 2 * 2300

@@ -1,0 +1,337 @@
+"""The engine: tool-call rules, the policy (tasks, episodes, warnings, the stop), determinism."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+from hypothesis import given, settings, strategies as st
+
+from proxy.detect.engine import DetectConfig, Decision, ResponseWatcher, analyze, episodes
+from proxy.detect.judge_policy import JudgeCheck
+from proxy.detect.texts import stop_text, warning_text
+from tests.convo import assistant, conversation, step, steps, user
+
+DEFAULT = DetectConfig()
+SENTENCE = "This is a sentence that repeats over and over now. "
+
+
+def eps(messages, config=DEFAULT, **kw):
+    state, _ = analyze(config, messages)
+    return episodes(config, state, **kw)
+
+
+def kinds(messages, config=DEFAULT, **kw):
+    return [(e.number, e.type) for e in eps(messages, config, **kw)]
+
+
+def same_calls(n, result="contents of a.py", name="read_file", args=None):
+    return [step(name, args or {"path": "a.py"}, result) for _ in range(n)]
+
+
+def test_four_identical_calls_are_nothing_the_fifth_is_a_loop():
+    assert kinds(conversation(user("go"), *same_calls(4))) == []
+    found = eps(conversation(user("go"), *same_calls(5)))
+    assert [(e.number, e.type) for e in found] == [(1, "tool_call")]
+    assert found[0].detail["tool"] == "read_file"
+    assert found[0].detail["arguments"] == '{"path":"a.py"}'
+
+
+def test_further_identical_calls_are_further_episodes_then_the_stop():
+    messages = conversation(user("go"), *same_calls(7))
+    found = eps(messages)
+    assert [(e.number, e.type, e.is_stop) for e in found] == [
+        (1, "tool_call", False), (2, "tool_call", False), (3, "tool_call", True)]
+    decision = Decision(found)
+    assert [e.number for e in decision.warnings] == [1, 2]
+    assert decision.stop is found[2]
+
+
+def test_warning_goes_after_the_call_and_its_result():
+    messages = conversation(user("go"), *same_calls(5))
+    (episode,) = eps(messages)
+    assert episode.place == len(messages)
+    assert messages[episode.message_index]["role"] == "assistant"
+    assert messages[episode.place - 1]["role"] == "tool"
+
+
+def test_key_order_and_whitespace_do_not_matter():
+    variants = ['{"path": "a.py", "limit": 10}', '{"limit":10,"path":"a.py"}', '{ "limit" : 10 , "path":"a.py" }']
+    messages = conversation(user("go"), *[step("read_file", variants[i % 3], "same") for i in range(5)])
+    assert kinds(messages) == [(1, "tool_call")]
+
+
+def test_different_arguments_or_other_tools_between_are_nothing():
+    calls = [step("read_file", {"path": f"f{i}.py"}, "x") for i in range(10)]
+    assert kinds(conversation(user("go"), *calls)) == []
+    mixed = []
+    for _ in range(4):
+        mixed += same_calls(2) + [step("ls", {}, "a.py")]
+    assert kinds(conversation(user("go"), *mixed)) == []
+
+
+def test_text_between_calls_does_not_break_a_streak():
+    messages = conversation(user("go"), *[step("read_file", {"path": "a.py"}, "x", text=f"Attempt {i}")
+                                          for i in range(5)])
+    assert kinds(messages) == [(1, "tool_call")]
+
+
+def test_a_poll_whose_answer_changes_is_progress():
+    polls = [step("job_status", {"id": 7}, f"running: {i * 10}% done") for i in range(10)]
+    assert kinds(conversation(user("go"), *polls)) == []
+
+
+def test_a_poll_with_only_timestamps_changing_is_a_loop():
+    polls = [step("job_status", {"id": 7}, f"2026-11-0{i + 1}T10:0{i}:00Z \x1b[32mpending\x1b[0m pid {100 + i}")
+             for i in range(5)]
+    assert kinds(conversation(user("go"), *polls)) == [(1, "tool_call")]
+
+
+def test_an_unknown_result_counts_as_unchanged():
+    messages = conversation(user("go"), *same_calls(4), step("read_file", {"path": "a.py"}, None))
+    assert kinds(messages) == [(1, "tool_call")]
+
+
+def test_whitelisted_tools_are_never_counted():
+    config = DetectConfig(whitelisted_tools=frozenset({"debugger_next"}))
+    calls = [step("debugger_next", {}, "line 10") for _ in range(10)]
+    assert kinds(conversation(user("go"), *calls), config) == []
+    assert kinds(conversation(user("go"), *calls)) != []
+
+
+def _cycle(names, repeats, result="ok"):
+    return [step(name, {"n": name}, result) for _ in range(repeats) for name in names]
+
+
+def test_alternation_fires_on_the_tenth_call():
+    assert kinds(conversation(user("go"), *_cycle("AB", 5)[:9])) == []
+    found = eps(conversation(user("go"), *_cycle("AB", 5)))
+    assert [(e.number, e.type) for e in found] == [(1, "tool_cycle")]
+    assert found[0].detail["cycle"] == ["A", "B"]
+    assert found[0].turn == 10
+
+
+def test_cycles_of_three_four_and_five():
+    for names in ("ABC", "ABCD", "ABCDE"):
+        k = len(names)
+        assert kinds(conversation(user("go"), *_cycle(names, 5)[: 5 * k - 1])) == []
+        found = eps(conversation(user("go"), *_cycle(names, 5)))
+        assert [(e.type, e.turn) for e in found] == [("tool_cycle", 5 * k)], names
+
+
+def test_broken_alternation_is_nothing():
+    messages = conversation(user("go"), *_cycle("AB", 2), step("C", {}, "c"), *_cycle("AB", 2))
+    assert kinds(messages) == []
+
+
+def test_a_cycle_whose_results_change_is_progress():
+    calls = []
+    for i in range(6):
+        calls += [step("edit", {"f": "a"}, f"edited, now {i} lines"), step("test", {}, f"{i} passing")]
+    assert kinds(conversation(user("go"), *calls)) == []
+
+
+def test_same_error_three_times_with_other_calls_between():
+    error = "Error: ENOENT: no such file or directory, open '/tmp/build-8f3a9c2d/out.json' at 12:00:01"
+    calls = [
+        step("run_build", {"target": "all"}, error),
+        step("read_file", {"path": "a.py"}, "code"),
+        step("run_build", {"target": "all"}, error.replace("12:00:01", "12:00:09").replace("8f3a9c2d", "77aa00bb1")),
+        step("ls", {}, "a.py b.py"),
+    ]
+    assert kinds(conversation(user("go"), *calls)) == []
+    found = eps(conversation(user("go"), *calls, step("run_build", {"target": "all"}, error)))
+    assert [(e.type, e.detail["tool"]) for e in found] == [("tool_error", "run_build")]
+
+
+def test_client_marked_errors_count():
+    calls = [step("deploy", {}, "nope", is_error=True) for _ in range(3)]
+    assert kinds(conversation(user("go"), *calls)) == [(1, "tool_error")]
+
+
+def test_same_call_same_error_warns_after_the_third_call_one_episode_per_message():
+    calls = same_calls(5, result="Traceback (most recent call last): ValueError: bad input")
+    found = eps(conversation(user("go"), *calls))
+    # Calls 3, 4 and 5 each complete an episode; the 5th is also a tool_call loop but named tool_call.
+    assert [(e.number, e.type) for e in found] == [(1, "tool_error"), (2, "tool_error"), (3, "tool_call")]
+
+
+def test_parallel_identical_calls_in_one_message_are_one_episode():
+    messages = conversation(user("go"), steps([("read_file", {"path": "a"}, "x")] * 7))
+    assert kinds(messages) == [(1, "tool_call")]
+
+
+def test_a_new_user_message_starts_a_new_task():
+    messages = conversation(user("go"), *same_calls(6), user("now do something else"), *same_calls(4))
+    assert kinds(messages) == []
+    messages = conversation(user("go"), *same_calls(6), user("again"), *same_calls(5))
+    assert kinds(messages) == [(1, "tool_call")]
+
+
+def test_reset_position_starts_a_fresh_task():
+    messages = conversation(user("go"), *same_calls(6))
+    state, _ = analyze(DEFAULT, messages, reset_at=len(messages))
+    assert episodes(DEFAULT, state) == []
+    more = messages + [m for s in same_calls(2) for m in s]
+    state, _ = analyze(DEFAULT, more, reset_at=len(messages))
+    assert episodes(DEFAULT, state) == []
+
+
+def test_chanting_in_history_and_plan_mode():
+    messages = conversation(user("go"), assistant(SENTENCE * 12))
+    assert kinds(messages) == [(1, "content")]
+    assert kinds(messages, plan_mode=True) == []
+
+
+def test_a_tool_call_between_repeats_resets_the_content_tracking():
+    messages = conversation(user("go"), *step("ls", {}, "x", text=SENTENCE * 9), assistant(SENTENCE * 9))
+    assert kinds(messages) == []
+
+
+def test_one_message_one_episode_named_by_the_first_rule():
+    calls = same_calls(4) + [step("read_file", {"path": "a.py"}, "contents of a.py", text=SENTENCE * 12)]
+    found = eps(conversation(user("go"), *calls))
+    assert [(e.number, e.type) for e in found] == [(1, "tool_call")]
+
+
+def test_injected_warnings_are_never_the_models_output_nor_a_new_task():
+    messages = conversation(user("go"), *same_calls(5))
+    (episode,) = eps(messages)
+    injected = {"role": "user", "content": warning_text(episode)}
+    with_warning = messages[: episode.place] + [injected] + messages[episode.place:]
+    with_warning += [m for s in same_calls(1) for m in s]
+    assert kinds(with_warning) == [(1, "tool_call"), (2, "tool_call")]
+
+
+def test_dynamic_thresholds():
+    config = DetectConfig(dynamic_thresholds=True)
+    assert kinds(conversation(user("go"), *same_calls(3)), config) == [(1, "tool_call")]
+    early = [step("x", {"i": i}, "r") for i in range(31)]
+    assert kinds(conversation(user("go"), *early, *same_calls(6)), config) == []
+    assert kinds(conversation(user("go"), *early, *same_calls(7)), config) == [(1, "tool_call")]
+
+
+def test_max_warnings_zero_stops_at_the_first_detection():
+    config = DetectConfig(max_warnings=0)
+    (episode,) = eps(conversation(user("go"), *same_calls(5)), config)
+    assert episode.is_stop
+
+
+def test_warning_and_stop_texts_say_what_repeats():
+    found = eps(conversation(user("go"), *same_calls(7)))
+    text = warning_text(found[0])
+    assert text.startswith("[loopwarden] Loop detected (1/2): ")
+    assert "`read_file`" in text and '{"path":"a.py"}' in text
+    assert "last warning" in warning_text(found[1])
+    assert "read_file" in stop_text(found[2])
+
+
+def test_judge_verdicts_become_llm_episodes_on_the_next_turn():
+    calls = [step("edit", {"i": i}, f"ok {i}") for i in range(35)]
+    messages = conversation(user("go"), *calls)
+    state, _ = analyze(DEFAULT, messages)
+    sure = JudgeCheck(state.key, 30, 0.95, analysis="keeps undoing its own edit")
+    unsure = JudgeCheck(state.key, 30, 0.5)
+    other_task = JudgeCheck("someothertask", 30, 0.99)
+    assert episodes(DEFAULT, state, judge_checks=[unsure, other_task]) == []
+    (episode,) = episodes(DEFAULT, state, judge_checks=[sure])
+    assert (episode.type, episode.turn) == ("llm", 31)
+    confirm = DetectConfig(judge_confirm=True)
+    assert episodes(confirm, state, judge_checks=[JudgeCheck(state.key, 30, 0.95, 0.89)]) == []
+    assert len(episodes(confirm, state, judge_checks=[JudgeCheck(state.key, 30, 0.95, 0.91)])) == 1
+
+
+def _stream(config, messages, text_deltas, tool_calls=(), plan_mode=False):
+    state, _ = analyze(config, messages)
+    decision = Decision(episodes(config, state, plan_mode=plan_mode))
+    watcher = ResponseWatcher(config, state.clone(), decision, len(messages), plan_mode)
+    for i, delta in enumerate(text_deltas):
+        if watcher.text(delta):
+            return "cut", i, watcher.episode
+    return "end", None, watcher.finish(list(tool_calls))
+
+
+def test_response_watcher_cuts_chanting_as_it_streams():
+    kind, at, episode = _stream(DEFAULT, conversation(user("go")), [SENTENCE] * 100)
+    assert (kind, episode.type, episode.number) == ("cut", "content", 1)
+    assert at < 12
+    assert _stream(DEFAULT, conversation(user("go")), [SENTENCE] * 100, plan_mode=True)[0] == "end"
+
+
+def test_response_watcher_counts_the_completing_call_and_history_agrees():
+    messages = conversation(user("go"), *same_calls(4))
+    call = step("read_file", {"path": "a.py"}, None)[0]["tool_calls"]
+    kind, _, episode = _stream(DEFAULT, messages, [], call)
+    assert (kind, episode.type, episode.number) == ("end", "tool_call", 1)
+    # The same call seen in the next request's history is the same episode, at the same message.
+    later = messages + step("read_file", {"path": "a.py"}, "contents of a.py")
+    (again,) = eps(later)
+    assert (again.number, again.message_index) == (1, episode.message_index)
+
+
+def test_cache_never_changes_a_verdict():
+    rng = random.Random(5)
+    messages = conversation(user("go"))
+    cache = None
+    for i in range(60):
+        if rng.random() < 0.1:
+            messages.append(user(f"new task {i}"))
+        roll = rng.random()
+        if roll < 0.4:
+            messages += step("read_file", {"path": "a.py"}, "same")
+        elif roll < 0.6:
+            messages += step("build", {}, "Error: failed")
+        elif roll < 0.8:
+            messages.append(assistant(SENTENCE * rng.randint(1, 12)))
+        else:
+            messages += step("ls", {"d": i}, f"{i}")
+        cached_state, cache = analyze(DEFAULT, messages, cache=cache)
+        fresh_state, _ = analyze(DEFAULT, messages)
+        assert episodes(DEFAULT, cached_state) == episodes(DEFAULT, fresh_state)
+
+
+def test_cache_notices_an_edited_history():
+    messages = conversation(user("go"), *same_calls(5))
+    _, cache = analyze(DEFAULT, messages)
+    edited = orjson.loads(orjson.dumps(messages))
+    edited[3]["content"] = "[old tool result cleared]"
+    state, _ = analyze(DEFAULT, edited, cache=cache)
+    assert episodes(DEFAULT, state) == episodes(DEFAULT, analyze(DEFAULT, edited)[0])
+    assert episodes(DEFAULT, state) == []
+
+
+def _shuffle_keys(value, rng):
+    if isinstance(value, dict):
+        items = list(value.items())
+        rng.shuffle(items)
+        return {k: _shuffle_keys(v, rng) for k, v in items}
+    if isinstance(value, list):
+        return [_shuffle_keys(v, rng) for v in value]
+    return value
+
+
+@given(st.lists(st.dictionaries(st.text(min_size=1, max_size=5), st.integers(min_value=-2**53, max_value=2**53) | st.text(max_size=8),
+                                max_size=4), min_size=1, max_size=3),
+       st.integers(min_value=0, max_value=2**16), st.integers(min_value=3, max_value=8))
+@settings(max_examples=100, deadline=None)
+def test_permuting_json_keys_never_changes_a_tool_verdict(argument_pool, seed, length):
+    rng = random.Random(seed)
+    chosen = [rng.choice(argument_pool) for _ in range(length)]
+    plain = conversation(user("go"), *[step("tool", a, "r") for a in chosen])
+    shuffled = conversation(user("go"), *[step("tool", orjson.dumps(_shuffle_keys(a, rng)).decode(), "r")
+                                          for a in chosen])
+    assert kinds(plain) == kinds(shuffled)
+
+
+@given(st.integers(min_value=0, max_value=2**32))
+@settings(max_examples=60, deadline=None)
+def test_benign_conversations_never_trigger(seed):
+    rng = random.Random(seed)
+    words = ["file", "test", "build", "module", "change", "result", "error-free", "config", "update", "value"]
+    parts = [user("Refactor the project.")]
+    for i in range(rng.randint(5, 60)):
+        prose = " ".join(rng.choice(words) for _ in range(rng.randint(3, 40))) + f" ({i})."
+        tool = rng.choice(["read_file", "edit_file", "run_tests", "grep"])
+        parts.append(step(tool, {"path": f"src/m{i}.py", "line": rng.randint(1, 500)},
+                          f"done {i}: {rng.random()}", text=prose))
+    assert kinds(conversation(*parts)) == []
