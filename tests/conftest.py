@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
+import asyncio
+
 import pytest
 from aiohttp import web
 
 from proxy.config import build
 from proxy.server.app import create_app
+from proxy.store.database import run_migrations
 from tests.fake_upstream import FakeUpstream
 
 
@@ -34,7 +37,9 @@ class RunningProxy:
 
 
 async def start_proxy(**overrides) -> RunningProxy:
-    settings = build({k: v for k, v in overrides.items()}, environ={})
+    """A real loopwarden server on a free port, its database migrated as `serve` does."""
+    settings = build(overrides, environ={})
+    await asyncio.to_thread(run_migrations, settings.database_url)
     app = create_app(settings)
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1)
     await runner.setup()

@@ -89,7 +89,8 @@ async def test_streaming_equals_direct_with_tool_calls_and_usage(upstream, proxy
 
 
 async def test_stream_bytes_reach_the_client_unchanged(upstream, proxy):
-    upstream.script.append(Turn(content="x" * 300, chunk_chars=3, tool_calls=[("f", {"k": "v" * 40})]))
+    prose = "".join(f"Step {i} touches module_{i}.py and nothing else. " for i in range(12))
+    upstream.script.append(Turn(content=prose, chunk_chars=3, tool_calls=[("f", {"k": "v" * 40})]))
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{proxy.url}/chat/completions",
                              json={"model": "m", "messages": MESSAGES, "stream": True,
@@ -260,7 +261,8 @@ async def test_unreachable_upstream_is_502(proxy_factory):
 
 
 async def test_client_going_away_stops_the_upstream_read(upstream, proxy):
-    upstream.script.append(Turn(content="word " * 400, chunk_chars=5, delay=0.01))
+    prose = "".join(f"Sentence {i} is about file_{i * 7}.py. " for i in range(100))
+    upstream.script.append(Turn(content=prose, chunk_chars=5, delay=0.01))
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{proxy.url}/chat/completions",
                              json={"model": "m", "messages": MESSAGES, "stream": True}) as r:

@@ -106,3 +106,13 @@ def test_assembler_joins_split_tool_call_arguments_and_text():
             {"id": "call_2", "type": "function", "function": {"name": "ls", "arguments": "{}"}},
         ],
     }
+
+
+def test_complete_events_end_finds_the_last_boundary_even_split():
+    from proxy.wire.sse import complete_events_end
+
+    assert complete_events_end(b"", b"data: a\n\ndata: b\n\ndata: par") == len(b"data: a\n\ndata: b\n\n")
+    assert complete_events_end(b"data: a\n", b"\ndata: b") == 1
+    assert complete_events_end(b"", b"data: a\r\ndata: b\r\n") == 0
+    assert complete_events_end(b"", b"data: a\r\n\r\nx") == len(b"data: a\r\n\r\n")
+    assert complete_events_end(b"", b"data: no boundary") == 0

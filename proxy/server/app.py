@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import AsyncIterator
 
 import aiohttp
@@ -11,7 +12,9 @@ import orjson
 from aiohttp import web
 
 from proxy.config import Settings
+from proxy.server import admin
 from proxy.server import guard as guard_module
+from proxy.server.metrics import Metrics
 from proxy.server.upstream import (
     UpstreamFailure,
     client_headers,
@@ -22,6 +25,7 @@ from proxy.server.upstream import (
     upstream_headers,
     upstream_url,
 )
+from proxy.store.store import Store
 from proxy.wire.errors import sse_error_event
 
 log = logging.getLogger("loopwarden.server")
@@ -29,6 +33,7 @@ log = logging.getLogger("loopwarden.server")
 SETTINGS = web.AppKey("settings", Settings)
 CLIENT = web.AppKey("client", aiohttp.ClientSession)
 GUARD = web.AppKey("guard", guard_module.Guard)
+METRICS = web.AppKey("metrics", Metrics)
 
 _STREAM_CHUNK = 64 * 1024
 
@@ -84,12 +89,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return json_error(400, "'messages' must be an array of objects", "invalid_request_error",
                           "invalid_value")
 
+    metrics = request.app[METRICS]
+    began = time.perf_counter()
     exchange = request.app[GUARD].begin(request, raw, payload)
     if exchange.stop is not None:
         return exchange.stop
     headers = upstream_headers(request, settings, identity=True)
     url = upstream_url(settings, "/chat/completions", request.query_string)
+    sent = time.perf_counter()
+    metrics.overhead.observe(sent - began)
     async with open_upstream(request.app[CLIENT], "POST", url, headers, exchange.body) as upstream:
+        metrics.upstream_latency.observe(time.perf_counter() - sent)
+        exchange.on_response_headers(upstream.headers)
         response_headers = client_headers(upstream)
         response_headers.update(exchange.response_headers)
         content_type = upstream.headers.get("Content-Type", "")
@@ -134,15 +145,18 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
                         exchange: guard_module.Exchange) -> web.StreamResponse:
     response = web.StreamResponse(status=200, headers=headers)
     await response.prepare(request)
+    open_streams = request.app[METRICS].open_streams
+    open_streams.inc()
     try:
         async for chunk in upstream.content.iter_any():
-            ending = exchange.on_stream_bytes(chunk)
-            if ending is None:
+            cut = exchange.on_stream_bytes(chunk)
+            if cut is None:
                 await response.write(chunk)
                 continue
             # The guard cut the stream: stop reading at once so the provider stops generating.
             upstream.close()
-            await response.write(ending)
+            forward, ending = cut
+            await response.write(chunk[:forward] + ending)
             break
         else:
             exchange.on_stream_end()
@@ -152,6 +166,8 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
         failure = _read_failure(exc)
         log.warning("upstream stream failed: %s", failure.message)
         await response.write(sse_error_event(failure.message, "upstream_error", failure.code))
+    finally:
+        open_streams.dec()
     await response.write_eof()
     return response
 
@@ -195,6 +211,19 @@ async def _limited_body(request: web.Request, limit: int) -> AsyncIterator[bytes
         yield chunk
 
 
+@web.middleware
+async def count_requests(request: web.Request, handler) -> web.StreamResponse:
+    response = await handler(request)
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+    request.app[METRICS].requests.labels(route, str(response.status)).inc()
+    return response
+
+
+async def metrics_page(request: web.Request) -> web.Response:
+    metrics = request.app[METRICS]
+    return web.Response(body=metrics.render(), headers={"Content-Type": metrics.content_type})
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -204,10 +233,15 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok" if ready else "unavailable"}, status=200 if ready else 503)
 
 
-def create_app(settings: Settings, guard: guard_module.Guard | None = None) -> web.Application:
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[openai_errors])
+def create_app(settings: Settings) -> web.Application:
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[count_requests, openai_errors])
+    metrics = Metrics()
+    store = Store(settings.database_url, settings.log_buffer_size, on_drop=metrics.log_dropped.inc)
+    guard = guard_module.Guard(settings, store,
+                               on_detection=lambda kind, action: metrics.detections.labels(kind, action).inc())
     app[SETTINGS] = settings
-    app[GUARD] = guard or guard_module.Guard(settings)
+    app[METRICS] = metrics
+    app[GUARD] = guard
 
     async def client_context(app: web.Application) -> AsyncIterator[None]:
         app[CLIENT] = make_client_session(settings)
@@ -219,6 +253,8 @@ def create_app(settings: Settings, guard: guard_module.Guard | None = None) -> w
     app.cleanup_ctx.append(client_context)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_page)
+    app.router.add_routes(admin.routes(guard, settings.admin_token))
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_route("*", "/v1/{tail:.*}", passthrough)
     return app

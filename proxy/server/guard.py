@@ -1,46 +1,100 @@
-"""The guard: between the HTTP handler and the detection engine, one exchange per request."""
+"""The guard: between the HTTP handler and the engine. One exchange per chat completion.
+
+On the way up it names the session, asks the engine for a verdict on the
+conversation so far, and answers the stop or adds the task's warnings. On the
+way down it reads a copy of the upstream's bytes (never re-encoding them),
+feeds the engine, and cuts a chanting stream. Everything it learns goes to the
+log writer without waiting.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import time
+from collections import OrderedDict
+from typing import Callable
 
 import orjson
 from aiohttp import web
 
 from proxy.config import Settings
-from proxy.wire.chat import ChatStreamAssembler
-from proxy.wire.sse import SSEParser
+from proxy.detect.engine import (
+    Decision,
+    DetectConfig,
+    Episode,
+    FoldCache,
+    ResponseWatcher,
+    TaskState,
+    analyze,
+    episodes,
+)
+from proxy.detect.normalize import digest
+from proxy.detect.texts import stop_text, warning_text
+from proxy.server.upstream import json_error
+from proxy.store.writer import SessionSeen, utcnow
+from proxy.wire.chat import ChatStreamAssembler, message_text, response_message
+from proxy.wire.errors import error_payload, sse_error_event
+from proxy.wire.sse import SSEParser, complete_events_end
 
 log = logging.getLogger("loopwarden.guard")
+
+SESSION_HEADERS = ("X-Loopwarden-Session", "X-Session-Id", "X-Claude-Code-Session-Id", "session_id",
+                   "X-Session-Affinity", "Helicone-Session-Id", "X-Litellm-Session-Id")
+CACHED_SESSIONS = 4096
+REMEMBERED_EPISODES = 100_000
+DEFAULT_COMPLETION_TOKENS = 4096
+
+
+def client_key(request: web.Request) -> str:
+    auth = request.headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return request.headers.get("api-key", "").strip()
+
+
+def tenant_of(key: str) -> str:
+    """A short, one-way name for a client key: the key itself is never stored or logged."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def session_of(request: web.Request, messages: list[dict], tenant: str) -> str:
+    for header in SESSION_HEADERS:
+        value = request.headers.get(header, "").strip()
+        if value:
+            return value[:256]
+    system = next((message_text(m) for m in messages if m.get("role") in ("system", "developer")), "")
+    first_user = next((message_text(m) for m in messages if m.get("role") == "user"), "")
+    return "fp-" + digest(f"{tenant}\x00{system}\x00{first_user}").hex()[:16]
+
+
+class _LRU(OrderedDict):
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def put(self, key, value) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        if len(self) > self.size:
+            self.popitem(last=False)
 
 
 class Exchange:
     """One chat completion on its way through: what to send, and the tap on what comes back."""
 
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes, response_headers: dict[str, str] | None = None) -> None:
         self.stop: web.Response | None = None
         self.body = body
-        self.response_headers: dict[str, str] = {}
-        self._parser = SSEParser()
-        self._assembler = ChatStreamAssembler()
+        self.response_headers: dict[str, str] = response_headers or {}
+        self.request_id: str | None = None
 
-    def on_stream_bytes(self, chunk: bytes) -> bytes | None:
-        """Read a copy of upstream bytes. Returns the bytes that end the stream when it must be cut."""
-        for event in self._parser.feed(chunk):
-            if event.data == b"[DONE]":
-                continue
-            try:
-                data = orjson.loads(event.data)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(data, dict):
-                ending = self.on_chunk(data)
-                if ending is not None:
-                    return ending
-        return None
+    def on_response_headers(self, headers) -> None:
+        self.request_id = headers.get("x-request-id")
 
-    def on_chunk(self, data: dict) -> bytes | None:
-        self._assembler.add(data)
+    def on_stream_bytes(self, chunk: bytes) -> tuple[int, bytes] | None:
+        """Read a copy of upstream bytes. When the stream must end here: how much of `chunk` to
+        forward, and the bytes that end the stream."""
         return None
 
     def on_stream_end(self) -> None:
@@ -50,18 +104,180 @@ class Exchange:
         pass
 
 
+class WatchedExchange(Exchange):
+    """An exchange whose response is watched by the engine."""
+
+    def __init__(self, guard: "Guard", body: bytes, response_headers: dict[str, str], context: dict,
+                 watcher: ResponseWatcher, max_completion: int) -> None:
+        super().__init__(body, response_headers)
+        self._guard = guard
+        self._context = context
+        self._watcher = watcher
+        self._max_completion = max_completion
+        self._parser = SSEParser()
+        self._assembler = ChatStreamAssembler()
+        self._tail = b""
+        self._done = False
+
+    def on_stream_bytes(self, chunk: bytes) -> tuple[int, bytes] | None:
+        found = None
+        for event in self._parser.feed(chunk):
+            if event.data == b"[DONE]":
+                self._done = True
+                continue
+            if found is not None:
+                continue
+            try:
+                data = orjson.loads(event.data)
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(data, dict):
+                continue
+            text, call_started = self._assembler.add(data)
+            if text:
+                found = self._watcher.text(text)
+            if found is None and call_started:
+                found = self._watcher.tool_call_started()
+        tail, self._tail = self._tail, (self._tail + chunk)[-4:]
+        if found is None or self._done:
+            return None  # a stream that already ended by itself is counted at its end, not cut
+        return complete_events_end(tail, chunk), self._ending(found)
+
+    def _ending(self, episode: Episode) -> bytes:
+        """Count the episode and build the stream's last bytes: a clean stop, or the stop's error."""
+        saved = max(0, self._max_completion - len(self._assembler.text) // 4)
+        if episode.is_stop:
+            self._guard.log_episode(self._context, episode, "stopped", self.request_id, saved)
+            return sse_error_event(stop_text(episode), "loop_detected", "loop_detected")
+        self._guard.log_episode(self._context, episode, "cut", self.request_id, saved)
+        final = {
+            "id": self._assembler.response_id, "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": self._assembler.model,
+            "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}],
+            "loopwarden": {"loop": episode.type, "action": "cut", "episode": f"{episode.number}/{episode.limit}"},
+        }
+        return b"data: " + orjson.dumps(final) + b"\n\ndata: [DONE]\n\n"
+
+    def on_stream_end(self) -> None:
+        self._finish(self._assembler.message())
+
+    def on_complete(self, answer: object) -> None:
+        message = response_message(answer) if isinstance(answer, dict) else None
+        if message is None:
+            return
+        text = message_text(message)
+        if text:
+            self._watcher.text(text)
+        self._finish(message)
+
+    def _finish(self, message: dict) -> None:
+        episode = self._watcher.episode or self._watcher.finish(message.get("tool_calls") or [])
+        if episode is not None:
+            self._guard.log_episode(self._context, episode, "stopped" if episode.is_stop else "warned",
+                                    self.request_id, 0)
+
+
 class Guard:
-    def __init__(self, settings: Settings) -> None:
+    """Per-process detection state: the fold caches, and what has been logged."""
+
+    def __init__(self, settings: Settings, store=None, on_detection: Callable[[str, str], None] | None = None
+                 ) -> None:
         self.settings = settings
+        self.config = DetectConfig.from_settings(settings)
+        self.store = store
+        self._folds: _LRU = _LRU(CACHED_SESSIONS)
+        self._logged: _LRU = _LRU(REMEMBERED_EPISODES)
+        self._message_counts: _LRU = _LRU(CACHED_SESSIONS)
+        self._on_detection = on_detection
 
     async def start(self) -> None:
-        pass
+        if self.store is not None:
+            await self.store.start()
 
     async def stop(self) -> None:
-        pass
+        if self.store is not None:
+            await self.store.close(min(self.settings.shutdown_grace, 5.0))
 
     async def ready(self) -> bool:
-        return True
+        return True if self.store is None else await self.store.ready()
+
+    def known_message_counts(self) -> dict:
+        return dict(self._message_counts)
 
     def begin(self, request: web.Request, raw: bytes, payload: dict) -> Exchange:
-        return Exchange(raw)
+        messages = payload.get("messages")
+        messages = messages if isinstance(messages, list) else []
+        tenant = tenant_of(client_key(request))
+        session_id = session_of(request, messages, tenant)
+        headers = {"X-Loopwarden-Session": session_id}
+        model = payload.get("model") if isinstance(payload.get("model"), str) else None
+        key = (tenant, session_id)
+        self._message_counts.put(key, len(messages))
+        if self.store is not None:
+            self.store.writer.session_seen(SessionSeen(tenant, session_id, len(messages), model))
+        controls = self.store.controls(tenant, session_id) if self.store is not None else None
+        if request.headers.get("X-Loopwarden-Disable", "").strip() in ("1", "true", "yes") or (
+                controls is not None and controls.disabled):
+            return Exchange(raw, headers)
+        plan_mode = request.headers.get("X-Loopwarden-Mode", "").strip().lower() == "plan"
+
+        state, cache = analyze(self.config, messages, controls.reset_at_message if controls else 0,
+                               self._folds.get(key))
+        self._folds.put(key, cache)
+        checks = self.store.judge_checks(tenant, session_id, state.key) if self.store is not None else []
+        decision = Decision(episodes(self.config, state, plan_mode=plan_mode, judge_checks=checks))
+        context = {"tenant": tenant, "session_id": session_id, "task": state.key, "model": model}
+
+        stop = decision.stop
+        for episode in decision.episodes:
+            saved = len(raw) // 4 if episode is stop else 0
+            self.log_episode(context, episode, "stopped" if episode.is_stop else "warned", None, saved)
+        if stop is not None:
+            exchange = Exchange(raw, headers)
+            body = error_payload(stop_text(stop), "loop_detected", "loop_detected")
+            exchange.stop = json_error(400, body["error"]["message"], "loop_detected", "loop_detected",
+                                       headers={**headers, "X-Loopwarden-Loop": stop.type,
+                                                "x-should-retry": "false"})
+            return exchange
+
+        body = raw
+        if decision.warnings:
+            body = orjson.dumps({**payload, "messages": self._with_warnings(messages, decision.warnings)})
+            latest = decision.warnings[-1]
+            headers["X-Loopwarden-Warning"] = f"{latest.number}/{latest.limit} {latest.type}"
+        watcher = ResponseWatcher(self.config, _detached(state, cache), decision, len(messages), plan_mode)
+        max_completion = payload.get("max_completion_tokens") or payload.get("max_tokens")
+        max_completion = max_completion if isinstance(max_completion, int) else DEFAULT_COMPLETION_TOKENS
+        return WatchedExchange(self, body, headers, context, watcher, max_completion)
+
+    def _with_warnings(self, messages: list[dict], warnings: list[Episode]) -> list[dict]:
+        result = list(messages)
+        for episode in sorted(warnings, key=lambda e: e.place, reverse=True):
+            result.insert(episode.place, {"role": self.settings.warning_role, "content": warning_text(episode)})
+        return result
+
+    def log_episode(self, context: dict, episode: Episode, action: str, request_id: str | None,
+                    tokens_saved: int) -> None:
+        key = digest(f"{context['tenant']}\x00{context['session_id']}\x00{context['task']}\x00"
+                     f"{episode.message_index}").hex()
+        if key in self._logged:
+            return
+        self._logged.put(key, True)
+        log.info("loop %s in session %s: %s episode %d/%d", action, context["session_id"], episode.type,
+                 episode.number, episode.limit)
+        if self._on_detection is not None:
+            self._on_detection(episode.type, action)
+        if self.store is None:
+            return
+        self.store.writer.add_detection({
+            "created_at": utcnow(), "session_id": context["session_id"], "tenant": context["tenant"],
+            "task": context["task"], "model": context["model"], "type": episode.type, "action": action,
+            "episode": episode.number, "episode_limit": episode.limit, "turn": episode.turn,
+            "detail": episode.detail, "request_id": request_id, "tokens_saved_estimate": tokens_saved,
+            "episode_key": key,
+        })
+
+
+def _detached(state: TaskState, cache: FoldCache) -> TaskState:
+    """The response is folded on a copy: the cached state belongs to the next request."""
+    return state.clone() if state is cache.state else state

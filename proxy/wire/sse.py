@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 
@@ -51,3 +52,20 @@ class SSEParser:
                 elif name == b"event":
                     self._event = value.decode("utf-8", "replace")
         return events
+
+
+_BLANK_LINE = re.compile(rb"(?>\r\n|\r|\n)(?>\r\n|\r|\n)")
+
+
+def complete_events_end(tail: bytes, chunk: bytes) -> int:
+    """How many leading bytes of `chunk` end on an event boundary (a blank line).
+
+    `tail` is the end of the bytes before `chunk` (a few bytes suffice), so a
+    blank line split across the two is found too. Used to cut a stream without
+    leaving a half event in front of the proxy's own last event.
+    """
+    joined = tail + chunk
+    end = 0
+    for match in _BLANK_LINE.finditer(joined):
+        end = match.end()
+    return max(0, end - len(tail))

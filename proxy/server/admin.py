@@ -1,0 +1,116 @@
+"""The /loopwarden/api routes: the log, sessions, and an operator's controls over them.
+
+Who may call: the ADMIN_TOKEN holder sees every tenant; a client's own API key
+sees only its own sessions; with no ADMIN_TOKEN set, only loopback clients are
+answered (without a key they see everything, with one only their own).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+
+from aiohttp import web
+
+from proxy.server.guard import Guard, client_key, tenant_of
+from proxy.server.upstream import json_error
+from proxy.store import queries
+from proxy.store.queries import QueryError
+
+ALL_TENANTS = None
+
+
+class _Denied(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        self.message = message
+
+
+def _is_loopback(request: web.Request) -> bool:
+    try:
+        return ipaddress.ip_address(request.remote or "").is_loopback
+    except ValueError:
+        return False
+
+
+def caller_tenant(request: web.Request, admin_token: str | None) -> str | None:
+    """The tenant the caller may see, or ALL_TENANTS."""
+    key = client_key(request)
+    if admin_token:
+        if key and secrets.compare_digest(key.encode(), admin_token.encode()):
+            return ALL_TENANTS
+        if not key:
+            raise _Denied(401, "an Authorization: Bearer token is required")
+        return tenant_of(key)
+    if not _is_loopback(request):
+        raise _Denied(403, "the admin API answers only loopback clients when no ADMIN_TOKEN is set")
+    return tenant_of(key) if key else ALL_TENANTS
+
+
+def routes(guard: Guard, admin_token: str | None) -> list[web.RouteDef]:
+    store = guard.store
+
+    def handler(fn):
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            try:
+                tenant = caller_tenant(request, admin_token)
+                return await fn(request, tenant)
+            except _Denied as denied:
+                return json_error(denied.status, denied.message, "authentication_error" if denied.status == 401
+                                  else "permission_error", "unauthorized" if denied.status == 401 else "forbidden")
+            except QueryError as exc:
+                return json_error(400, str(exc), "invalid_request_error", "invalid_value")
+        return wrapped
+
+    def _int(request: web.Request, name: str, default: int) -> int:
+        value = request.query.get(name)
+        if value is None:
+            return default
+        try:
+            return int(value)
+        except ValueError:
+            raise QueryError(f"{name} must be a whole number, got {value!r}") from None
+
+    async def detections(request: web.Request, tenant: str | None) -> web.Response:
+        where = queries.DetectionFilter(tenant=tenant, session=request.query.get("session"),
+                                        type=request.query.get("type"), action=request.query.get("action"),
+                                        since=queries.parse_since(request.query.get("since")))
+        items, cursor = await queries.list_detections(store.engine, where, _int(request, "limit", 50),
+                                                      request.query.get("cursor"))
+        return web.json_response({"data": items, "next_cursor": cursor})
+
+    async def stats(request: web.Request, tenant: str | None) -> web.Response:
+        return web.json_response(await queries.stats(store.engine, queries.parse_since(request.query.get("since")),
+                                                     tenant))
+
+    async def sessions(request: web.Request, tenant: str | None) -> web.Response:
+        items = await queries.list_sessions(store.engine, queries.parse_since(request.query.get("since")), tenant,
+                                            _int(request, "limit", 50))
+        return web.json_response({"data": items})
+
+    async def session(request: web.Request, tenant: str | None) -> web.Response:
+        found = await queries.session_timeline(store.engine, request.match_info["id"], tenant)
+        if not found:
+            return json_error(404, "no such session", "invalid_request_error", "not_found")
+        return web.json_response({"data": found})
+
+    def control(**change):
+        async def apply(request: web.Request, tenant: str | None) -> web.Response:
+            extra = {}
+            if change.get("reset"):
+                extra["known_counts"] = guard.known_message_counts()
+            changed = await store.set_controls(request.match_info["id"], tenant, **change, **extra)
+            if not changed:
+                return json_error(404, "no such session", "invalid_request_error", "not_found")
+            return web.json_response({"data": changed})
+        return apply
+
+    return [
+        web.get("/loopwarden/api/detections", handler(detections)),
+        web.get("/loopwarden/api/stats", handler(stats)),
+        web.get("/loopwarden/api/sessions", handler(sessions)),
+        web.get("/loopwarden/api/sessions/{id}", handler(session)),
+        web.post("/loopwarden/api/sessions/{id}/reset", handler(control(reset=True))),
+        web.post("/loopwarden/api/sessions/{id}/disable", handler(control(disabled=True))),
+        web.post("/loopwarden/api/sessions/{id}/enable", handler(control(disabled=False))),
+    ]

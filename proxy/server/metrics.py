@@ -1,0 +1,34 @@
+"""Prometheus metrics, one registry per application (so several apps can live in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+_FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+_SLOW = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("loopwarden_requests", "Requests answered, by route and status",
+                                ["route", "status"], registry=r)
+        self.upstream_latency = Histogram("loopwarden_upstream_latency_seconds",
+                                          "Time until the upstream's response headers", buckets=_SLOW, registry=r)
+        self.overhead = Histogram("loopwarden_proxy_overhead_seconds",
+                                  "Time the proxy spends on a chat request before forwarding it (parse, verdict)",
+                                  buckets=_FAST, registry=r)
+        self.detections = Counter("loopwarden_detections", "Loop episodes, by type and action",
+                                  ["type", "action"], registry=r)
+        self.open_streams = Gauge("loopwarden_open_streams", "Streams being relayed now", registry=r)
+        self.log_dropped = Counter("loopwarden_log_writes_dropped", "Log records dropped because the buffer was full",
+                                   registry=r)
+        self.judge_checks = Counter("loopwarden_judge_checks", "Judge checks, by outcome", ["outcome"], registry=r)
+        self.judge_tokens = Counter("loopwarden_judge_tokens", "Tokens the judge used", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

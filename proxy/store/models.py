@@ -1,0 +1,87 @@
+"""The log's tables. Schema changes go through Alembic migrations in migrations/ only."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
+_ID = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Detection(Base):
+    """One episode: a warning given, a stop answered, or a stream cut. Times are naive UTC."""
+
+    __tablename__ = "detections"
+
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime())
+    session_id: Mapped[str] = mapped_column(String(256))
+    tenant: Mapped[str] = mapped_column(String(32))
+    task: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str | None] = mapped_column(String(256))
+    type: Mapped[str] = mapped_column(String(16))
+    action: Mapped[str] = mapped_column(String(16))
+    episode: Mapped[int] = mapped_column(Integer())
+    episode_limit: Mapped[int] = mapped_column(Integer())
+    turn: Mapped[int] = mapped_column(Integer())
+    detail: Mapped[dict] = mapped_column(JSON())
+    request_id: Mapped[str | None] = mapped_column(String(256))
+    tokens_saved_estimate: Mapped[int] = mapped_column(Integer(), default=0)
+    # One row per episode, however many replicas or requests see it.
+    episode_key: Mapped[str] = mapped_column(String(64))
+
+    __table_args__ = (
+        UniqueConstraint("episode_key", name="uq_detections_episode_key"),
+        Index("ix_detections_created_at", "created_at"),
+        Index("ix_detections_session", "tenant", "session_id", "created_at"),
+        Index("ix_detections_type", "type", "created_at"),
+    )
+
+
+class SessionRow(Base):
+    """A session as last seen, and the operator's controls over it."""
+
+    __tablename__ = "sessions"
+
+    tenant: Mapped[str] = mapped_column(String(32), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    first_seen: Mapped[datetime] = mapped_column(DateTime())
+    last_seen: Mapped[datetime] = mapped_column(DateTime())
+    requests: Mapped[int] = mapped_column(Integer(), default=0)
+    message_count: Mapped[int] = mapped_column(Integer(), default=0)
+    model: Mapped[str | None] = mapped_column(String(256))
+    disabled: Mapped[bool] = mapped_column(Boolean(), default=False)
+    reset_at_message: Mapped[int] = mapped_column(Integer(), default=0)
+    controls_changed_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+    __table_args__ = (
+        Index("ix_sessions_last_seen", "last_seen"),
+        Index("ix_sessions_controls_changed_at", "controls_changed_at"),
+    )
+
+
+class JudgeCheckRow(Base):
+    """A judge's answer on a task at a turn: not in the conversation, so stored."""
+
+    __tablename__ = "judge_checks"
+
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime())
+    tenant: Mapped[str] = mapped_column(String(32))
+    session_id: Mapped[str] = mapped_column(String(256))
+    task: Mapped[str] = mapped_column(String(32))
+    turn: Mapped[int] = mapped_column(Integer())
+    confidence: Mapped[float | None] = mapped_column(Float())
+    confirm_confidence: Mapped[float | None] = mapped_column(Float())
+    analysis: Mapped[str] = mapped_column(Text(), default="")
+    model: Mapped[str | None] = mapped_column(String(256))
+    tokens: Mapped[int] = mapped_column(Integer(), default=0)
+
+    __table_args__ = (Index("ix_judge_checks_session", "tenant", "session_id", "task"),)

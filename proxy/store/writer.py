@@ -1,0 +1,188 @@
+"""The batched log writer: never blocks a request, survives a database outage, counts what it drops."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable
+
+from sqlalchemy import func
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from proxy.store.models import Detection, JudgeCheckRow, SessionRow
+
+log = logging.getLogger("loopwarden.store")
+
+BATCH = 500
+FLUSH_EVERY = 0.25  # seconds: how long a record may wait for company
+MAX_BACKOFF = 10.0
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+@dataclass
+class SessionSeen:
+    """A request seen for a session; many of them fold into one upsert per flush."""
+
+    tenant: str
+    session_id: str
+    message_count: int
+    model: str | None
+    at: datetime = field(default_factory=utcnow)
+
+
+def dialect_insert(engine: AsyncEngine, table):
+    return (postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert)(table)
+
+
+class LogWriter:
+    """Detections, judge checks and session sightings go on a bounded buffer and out in batches."""
+
+    def __init__(self, engine: AsyncEngine, capacity: int = 10_000,
+                 on_drop: Callable[[int], None] | None = None) -> None:
+        self.engine = engine
+        self.capacity = capacity
+        self.dropped = 0
+        self.written = 0
+        self._rows: deque[dict] = deque()  # detection and judge rows, each {"table": ..., "values": ...}
+        self._sessions: dict[tuple[str, str], tuple[SessionSeen, int]] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._closing = False
+        self._failing_since: float | None = None
+        self._on_drop = on_drop
+        self._flushing = asyncio.Lock()  # the background task and an operator's call may both flush
+
+    # -- the request path: synchronous, O(1), never raises ------------------------------------------------
+
+    def add_detection(self, values: dict) -> None:
+        self._add({"table": Detection, "values": values})
+
+    def add_judge_check(self, values: dict) -> None:
+        self._add({"table": JudgeCheckRow, "values": values})
+
+    def session_seen(self, seen: SessionSeen) -> None:
+        key = (seen.tenant, seen.session_id)
+        previous = self._sessions.get(key)
+        if previous is None and len(self._sessions) >= self.capacity:
+            self._count_drop(1)
+            return
+        self._sessions[key] = (seen, (previous[1] if previous else 0) + 1)
+        if len(self._sessions) >= BATCH:
+            self._wake.set()
+
+    def _add(self, row: dict) -> None:
+        if len(self._rows) >= self.capacity:
+            self._rows.popleft()  # the oldest goes: the newest says most about now
+            self._count_drop(1)
+        self._rows.append(row)
+        if len(self._rows) >= BATCH:
+            self._wake.set()
+
+    def _count_drop(self, count: int) -> None:
+        self.dropped += count
+        if self._on_drop is not None:
+            self._on_drop(count)
+        log.warning("detection log buffer full: dropped %d record(s), %d in all", count, self.dropped)
+
+    @property
+    def pending(self) -> int:
+        return len(self._rows) + len(self._sessions)
+
+    # -- the background task --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="loopwarden-log-writer")
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Flush what is buffered (within `timeout`), then stop."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout)
+            except asyncio.TimeoutError:
+                lost = self.pending
+                if lost:
+                    self._count_drop(lost)
+            self._task = None
+
+    async def _run(self) -> None:
+        backoff = 0.5
+        while True:
+            if not self._closing:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), FLUSH_EVERY)
+                except asyncio.TimeoutError:
+                    pass
+            self._wake.clear()
+            try:
+                await self.flush()
+            except Exception as exc:  # the database is down or refused the batch: keep, retry later
+                if self._failing_since is None:
+                    self._failing_since = asyncio.get_running_loop().time()
+                    log.warning("detection log write failed, will retry: %s", str(exc).splitlines()[0])
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+                continue
+            if self._failing_since is not None:
+                log.warning("detection log writes recovered")
+                self._failing_since = None
+            backoff = 0.5
+            if self._closing and not self.pending:
+                return
+
+    async def flush(self) -> None:
+        """Write everything buffered now. On failure the records stay buffered."""
+        async with self._flushing:
+            await self._flush()
+
+    async def _flush(self) -> None:
+        while self._rows or self._sessions:
+            rows = [self._rows[i] for i in range(min(BATCH, len(self._rows)))]
+            sessions = list(self._sessions.items())[:BATCH]
+            async with self.engine.begin() as connection:
+                detections = [r["values"] for r in rows if r["table"] is Detection]
+                checks = [r["values"] for r in rows if r["table"] is JudgeCheckRow]
+                if detections:
+                    statement = dialect_insert(self.engine, Detection).on_conflict_do_nothing(
+                        index_elements=["episode_key"])
+                    await connection.execute(statement, detections)
+                if checks:
+                    await connection.execute(dialect_insert(self.engine, JudgeCheckRow), checks)
+                if sessions:
+                    await self._upsert_sessions(connection, sessions)
+            for _ in rows:
+                self._rows.popleft()
+            for key, (seen, count) in sessions:
+                current = self._sessions.get(key)
+                if current is not None and current[0] is seen:
+                    del self._sessions[key]
+                elif current is not None:
+                    self._sessions[key] = (current[0], current[1] - count)
+            self.written += len(rows)
+
+    async def _upsert_sessions(self, connection, sessions) -> None:
+        insert = dialect_insert(self.engine, SessionRow)
+        values = [
+            {"tenant": seen.tenant, "session_id": seen.session_id, "first_seen": seen.at, "last_seen": seen.at,
+             "requests": count, "message_count": seen.message_count, "model": seen.model, "disabled": False,
+             "reset_at_message": 0}
+            for (_, (seen, count)) in sessions
+        ]
+        statement = insert.on_conflict_do_update(
+            index_elements=["tenant", "session_id"],
+            set_={
+                "last_seen": insert.excluded.last_seen,
+                "requests": SessionRow.requests + insert.excluded.requests,
+                "message_count": insert.excluded.message_count,
+                "model": func.coalesce(insert.excluded.model, SessionRow.model),
+            },
+        )
+        await connection.execute(statement, values)
