@@ -59,6 +59,8 @@ def tenant_of(key: str) -> str:
 
 
 def session_of(request: web.Request, messages: list[dict], tenant: str) -> str:
+    """The session's id: a header, else a fingerprint of the key and how the conversation began.
+    State is kept per (tenant, id), never per id alone."""
     for header in SESSION_HEADERS:
         value = request.headers.get(header, "").strip()
         if value:

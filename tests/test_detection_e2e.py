@@ -1,0 +1,272 @@
+"""Loop detection on the wire: real agent loops through loopwarden in front of the fake upstream."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.agent import Agent
+from tests.fake_upstream import Turn
+
+CONTENT = "def main():\n    return load_config('settings.toml')\n"
+SENTENCE = "I will now check the configuration file once more. "
+
+
+def warnings_in(body: dict) -> list[tuple[int, str]]:
+    """(position, text) of every injected warning in an upstream request."""
+    return [(i, m["content"]) for i, m in enumerate(body["messages"])
+            if isinstance(m.get("content"), str) and m["content"].startswith("[loopwarden]")]
+
+
+async def loop_calls(agent: Agent, upstream, count: int, result, name: str = "read_file", args=None) -> None:
+    for i in range(count):
+        upstream.script.append(Turn(tool_calls=[(name, args or {"path": "src/app.py"})]))
+        await agent.turn()
+        agent.answer(result(i) if callable(result) else result)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_identical_calls_warn_twice_then_stop(upstream, proxy, stream):
+    agent = Agent(proxy.url, stream=stream)
+    await loop_calls(agent, upstream, 5, CONTENT)
+    assert all(warnings_in(body) == [] for body in upstream.chat_requests)
+
+    upstream.script.append(Turn(tool_calls=[("read_file", {"path": "src/app.py"})]))
+    await agent.turn()
+    sixth = upstream.chat_requests[5]
+    (position, text), = warnings_in(sixth)
+    assert position == len(sixth["messages"]) - 1  # after the 5th call's result
+    assert sixth["messages"][position]["role"] == "system"
+    assert text.startswith("[loopwarden] Loop detected (1/2): ") and "`read_file`" in text
+    assert agent.last_headers["x-loopwarden-warning"] == "1/2 tool_call"
+    # Nothing else in the request changed.
+    assert [m for i, m in enumerate(sixth["messages"]) if i != position] == agent.messages[:-1]
+    agent.answer(CONTENT)
+
+    upstream.script.append(Turn(tool_calls=[("read_file", {"path": "src/app.py"})]))
+    await agent.turn()
+    seventh = upstream.chat_requests[6]
+    found = warnings_in(seventh)
+    assert [t[: len("[loopwarden] Loop detected (1/2)")] for _, t in found] == [
+        "[loopwarden] Loop detected (1/2)", "[loopwarden] Loop detected (2/2)"]
+    assert found[0] == (position, text)  # the first warning stays where it was given
+    assert found[1][0] == len(seventh["messages"]) - 1
+    agent.answer(CONTENT)
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        await agent.turn()
+    assert caught.value.code == "loop_detected"
+    assert caught.value.body["type"] == "loop_detected"
+    assert caught.value.response.headers["x-loopwarden-loop"] == "tool_call"
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert len(upstream.chat_requests) == 7  # the stop never reached upstream
+    await agent.close()
+
+
+async def test_same_error_warns_after_the_third_call(upstream, proxy):
+    agent = Agent(proxy.url)
+    error = "Error: Cannot find module 'left-pad' (at 2026-11-22T08:00:0{}Z)"
+    await loop_calls(agent, upstream, 3, lambda i: error.format(i))
+    upstream.script.append(Turn(content="Trying again."))
+    await agent.turn()
+    (_, text), = warnings_in(upstream.chat_requests[3])
+    assert text.startswith("[loopwarden] Loop detected (1/2)") and "failed 3 times with the same error" in text
+    await agent.close()
+
+
+async def test_alternation_is_a_cycle_on_the_tenth_call(upstream, proxy):
+    agent = Agent(proxy.url)
+    for i in range(10):
+        name = "ls" if i % 2 == 0 else "read_file"
+        await loop_calls(agent, upstream, 1, "same listing" if name == "ls" else CONTENT, name=name)
+    assert all(warnings_in(body) == [] for body in upstream.chat_requests)
+    upstream.script.append(Turn(content="Let me think."))
+    await agent.turn()
+    (_, text), = warnings_in(upstream.chat_requests[10])
+    assert "cycle of tool calls (`ls` → `read_file`)" in text
+    await agent.close()
+
+
+async def test_same_failure_with_other_calls_between_is_tool_error(upstream, proxy):
+    agent = Agent(proxy.url)
+    for i in range(3):
+        await loop_calls(agent, upstream, 1, "FAILED: 2 tests failed in 3.2s", name="run_build", args={"all": True})
+        await loop_calls(agent, upstream, 1, f"edited line {i}", name="edit_file", args={"line": i})
+    upstream.script.append(Turn(content="Hmm."))
+    await agent.turn()
+    assert "`run_build`" in warnings_in(upstream.chat_requests[-1])[0][1]
+    await agent.close()
+
+
+async def test_polls_with_changing_answers_and_whitelisted_tools_are_never_loops(upstream, proxy_factory):
+    running = await proxy_factory(upstream.url, whitelisted_tools="debugger_next")
+    agent = Agent(running.url)
+    await loop_calls(agent, upstream, 10, lambda i: f"job 42: {i * 10}% complete", name="job_status", args={"id": 42})
+    await loop_calls(agent, upstream, 10, "paused at line 7", name="debugger_next", args={})
+    upstream.script.append(Turn(content="Done."))
+    await agent.turn()
+    assert all(warnings_in(body) == [] for body in upstream.chat_requests)
+    await agent.close()
+
+
+async def test_chanting_stream_is_cut_and_upstream_stops(upstream, proxy):
+    agent = Agent(proxy.url, stream=True)
+    upstream.script.append(Turn(content=SENTENCE * 2000, chunk_chars=12, delay=0.0005))
+    message = await agent.turn()
+    assert agent.finish_reason == "stop"
+    assert agent.extras[-1]["loopwarden"] == {"loop": "content", "action": "cut", "episode": "1/2"}
+    assert len(message["content"]) < len(SENTENCE) * 20
+    record = upstream.streams[-1]
+    assert not record.completed and record.sent < record.planned // 10
+
+    # The cut text, sent back as history, is the same episode: warned once, at its place.
+    agent.say("Please continue.")
+    upstream.script.append(Turn(content="Fine."))
+    await agent.turn()
+    assert warnings_in(upstream.chat_requests[-1]) == []  # a new user message: a new task
+    await agent.close()
+
+
+async def test_chanting_is_followed_by_a_warning_in_the_same_task(upstream, proxy):
+    agent = Agent(proxy.url, stream=True)
+    upstream.script.append(Turn(content=SENTENCE * 200, chunk_chars=7))
+    await agent.turn()
+    upstream.script.append(Turn(content="Sorry, moving on."))
+    await agent.turn()
+    (position, text), = warnings_in(upstream.chat_requests[-1])
+    assert position == len(upstream.chat_requests[-1]["messages"]) - 1
+    assert "keeps repeating the same text" in text and "check the configuration file" in text
+    await agent.close()
+
+
+async def test_the_same_text_in_a_code_fence_streams_to_the_end(upstream, proxy):
+    agent = Agent(proxy.url, stream=True)
+    upstream.script.append(Turn(content="```text\n" + (SENTENCE + "\n") * 300 + "```\nDone.", chunk_chars=20))
+    message = await agent.turn()
+    assert message["content"].endswith("Done.")
+    assert upstream.streams[-1].completed
+    await agent.close()
+
+
+async def test_plan_mode_and_disable_header(upstream, proxy):
+    agent = Agent(proxy.url, stream=True)
+    upstream.script.append(Turn(content=SENTENCE * 100, chunk_chars=10))
+    message = await agent.turn(**{"X-Loopwarden-Mode": "plan"})
+    assert message["content"] == SENTENCE * 100
+    other = Agent(proxy.url, task="another task", headers={"X-Loopwarden-Disable": "1"})
+    await loop_calls(other, upstream, 8, CONTENT)
+    upstream.script.append(Turn(content="x"))
+    await other.turn()
+    assert all(warnings_in(body) == [] for body in upstream.chat_requests)
+    await agent.close()
+    await other.close()
+
+
+async def test_stop_reached_mid_stream_ends_with_the_error_event(upstream, proxy_factory):
+    running = await proxy_factory(upstream.url, max_warnings=0)
+    agent = Agent(running.url, stream=True)
+    upstream.script.append(Turn(content=SENTENCE * 500, chunk_chars=10))
+    with pytest.raises(openai.APIError) as caught:
+        await agent.turn()
+    assert "Loop detected" in caught.value.message
+    await agent.close()
+
+
+async def test_a_new_user_message_starts_a_fresh_task(upstream, proxy):
+    agent = Agent(proxy.url)
+    await loop_calls(agent, upstream, 6, CONTENT)
+    agent.say("Stop reading that file; write the fix.")
+    await loop_calls(agent, upstream, 2, "ok", name="edit_file", args={"line": 1})
+    assert len(warnings_in(upstream.chat_requests[5])) == 1  # the old task was warned
+    assert warnings_in(upstream.chat_requests[-2]) == []
+    assert warnings_in(upstream.chat_requests[-1]) == []
+    await agent.close()
+
+
+async def test_warning_role_is_configurable(upstream, proxy_factory):
+    running = await proxy_factory(upstream.url, warning_role="user")
+    agent = Agent(running.url)
+    await loop_calls(agent, upstream, 6, CONTENT)
+    position, _ = warnings_in(upstream.chat_requests[-1])[0]
+    assert upstream.chat_requests[-1]["messages"][position]["role"] == "user"
+    # A user-role warning is not the user's new task: the loop goes on to the stop.
+    await loop_calls(agent, upstream, 1, CONTENT)
+    with pytest.raises(openai.BadRequestError):
+        await agent.turn()
+    await agent.close()
+
+
+async def test_a_freshly_started_proxy_reaches_the_same_verdicts(upstream, proxy, proxy_factory):
+    agent = Agent(proxy.url)
+    await loop_calls(agent, upstream, 6, CONTENT)
+    upstream.script.append(Turn(content="x"))
+    await agent.turn()
+    first = upstream.chat_requests[-1]
+    fresh = await proxy_factory(upstream.url)
+    replay = Agent(fresh.url)
+    replay.messages = agent.messages[:-1]
+    upstream.script.append(Turn(content="x"))
+    await replay.turn()
+    assert upstream.chat_requests[-1] == first
+    await agent.close()
+    await replay.close()
+
+
+async def test_sessions_never_share_state(upstream, proxy):
+    looping = Agent(proxy.url, headers={"X-Loopwarden-Session": "run-a"})
+    calm = Agent(proxy.url, headers={"X-Loopwarden-Session": "run-b"})
+    for i in range(6):
+        upstream.script.append(Turn(tool_calls=[("read_file", {"path": "src/app.py"})]))
+        await looping.turn()
+        looping.answer(CONTENT)
+        upstream.script.append(Turn(tool_calls=[("read_file", {"path": f"src/m{i}.py"})]))
+        await calm.turn()
+        calm.answer(CONTENT)
+    assert calm.last_headers["x-loopwarden-session"] == "run-b"
+    assert looping.last_headers["x-loopwarden-session"] == "run-a"
+    assert warnings_in(upstream.chat_requests[-1]) == []  # calm's last request
+    assert len(warnings_in(upstream.chat_requests[-2])) == 1  # looping's
+
+    # Identical conversations from two different keys are two sessions, each with its own episodes,
+    # even when the agents name their sessions alike.
+    one = Agent(proxy.url, api_key="sk-tenant-one")
+    two = Agent(proxy.url, api_key="sk-tenant-two")
+    same_name = [Agent(proxy.url, api_key=key, headers={"X-Session-Id": "shared"}) for key in ("sk-a", "sk-b")]
+    for agent in same_name:
+        await loop_calls(agent, upstream, 5, CONTENT)
+        upstream.script.append(Turn(content="x"))
+        await agent.turn()
+        assert len(warnings_in(upstream.chat_requests[-1])) == 1
+        await agent.close()
+    for agent in (one, two):
+        await loop_calls(agent, upstream, 5, CONTENT)
+        upstream.script.append(Turn(content="x"))
+        await agent.turn()
+    assert one.last_headers["x-loopwarden-session"] != two.last_headers["x-loopwarden-session"]
+    assert len(warnings_in(upstream.chat_requests[-1])) == 1
+    assert len(warnings_in(upstream.chat_requests[-7])) == 1
+    for agent in (looping, calm, one, two):
+        await agent.close()
+
+
+async def test_session_header_order_and_fingerprint(upstream, proxy):
+    agent = Agent(proxy.url, headers={"X-Session-Id": "from-agent", "Helicone-Session-Id": "from-gateway"})
+    upstream.script.append(Turn(content="hi"))
+    await agent.turn()
+    assert agent.last_headers["x-loopwarden-session"] == "from-agent"
+    plain = Agent(proxy.url)
+    upstream.script.append(Turn(content="hi"))
+    await plain.turn()
+    plain.say("more")
+    upstream.script.append(Turn(content="hi"))
+    await plain.turn()
+    first = plain.last_headers["x-loopwarden-session"]
+    assert first.startswith("fp-")
+    again = Agent(proxy.url)
+    upstream.script.append(Turn(content="hi"))
+    await again.turn()
+    assert again.last_headers["x-loopwarden-session"] == first
+    assert "x-loopwarden-session" not in {k.lower() for k in upstream.requests[-1].headers}
+    await agent.close()
+    await plain.close()
+    await again.close()
