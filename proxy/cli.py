@@ -111,27 +111,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"loopwarden: {exc}" if isinstance(exc, ConfigError) else str(exc), file=sys.stderr)
         return EXIT_USAGE
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    from proxy import commands
+    from proxy.store.database import DatabaseUnavailable, run_migrations
+
     try:
         if args.command == "serve":
             return _serve(settings, migrate=not args.no_migrate)
-        from proxy import commands
-
-        return asyncio.run(commands.run(args, settings))
+        if args.command == "migrate":
+            run_migrations(settings.database_url)
+            print("database is up to date")
+            return 0
+        print(asyncio.run(commands.run(args, settings)))
+        return 0
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # one line, no traceback: the log has the detail when asked for
-        logging.getLogger("loopwarden").debug("command failed", exc_info=True)
-        print(f"loopwarden: {_describe(exc)}", file=sys.stderr)
+    except commands.UsageProblem as exc:
+        print(f"loopwarden: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except DatabaseUnavailable as exc:
+        print(f"loopwarden: {exc}", file=sys.stderr)
         return EXIT_RUNTIME
-
-
-def _describe(exc: BaseException) -> str:
-    from proxy.store.database import DatabaseUnavailable
-
-    if isinstance(exc, DatabaseUnavailable):
-        return str(exc)
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    except Exception as exc:  # one line, no traceback: --log-level debug shows it
+        logging.getLogger("loopwarden").debug("command failed", exc_info=True)
+        first = str(exc).strip().splitlines()
+        print(f"loopwarden: {type(exc).__name__}: {first[0] if first else ''}", file=sys.stderr)
+        return EXIT_RUNTIME
 
 
 def _serve(settings: Settings, *, migrate: bool) -> int:

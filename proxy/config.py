@@ -96,7 +96,7 @@ def _convert(name: str, raw: Any) -> Any:
                 raise ValueError
             value = int(raw)
             if value < _MIN.get(name, 0):
-                raise ConfigError(f"{_label(name)} must be at least {_MIN.get(name, 0)}, got {value}")
+                raise ConfigError(f"must be at least {_MIN.get(name, 0)}, got {value}")
             if name == "port" and value > 65535:
                 raise ValueError
             return value
@@ -117,7 +117,7 @@ def _convert(name: str, raw: Any) -> Any:
     except ConfigError:
         raise
     except (TypeError, ValueError):
-        raise ConfigError(f"{_label(name)}: invalid value {raw!r}") from None
+        raise ConfigError(f"invalid value {raw!r}") from None
 
 
 def _label(name: str) -> str:
@@ -152,11 +152,19 @@ def build(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | N
     file_values = load_file(config_path) if config_path else {}
 
     explicit: dict[str, Any] = {}
-    for source in (file_values, env_values, flags):
-        for name, raw in source.items():
+    sources = (
+        (file_values, lambda name: f"{name} in {config_path}"),
+        (env_values, _label),
+        (flags, lambda name: "--upstream" if name == "upstream_url" else f"--{name.replace('_', '-')}"),
+    )
+    for values, label in sources:
+        for name, raw in values.items():
             if name not in FIELDS:
                 raise ConfigError(f"unknown setting {name!r}")
-            explicit[name] = _convert(name, raw)
+            try:
+                explicit[name] = _convert(name, raw)
+            except ConfigError as exc:
+                raise ConfigError(f"{label(name)}: {exc}") from None
 
     preset = explicit.get("preset", "default")
     if preset not in PRESETS:

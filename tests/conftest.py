@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import AsyncIterator
 
 import asyncio
+import os
+import uuid
 
 import pytest
 from aiohttp import web
@@ -67,3 +69,57 @@ async def proxy_factory(tmp_path):
 @pytest.fixture
 async def proxy(upstream, proxy_factory) -> RunningProxy:
     return await proxy_factory(upstream.url)
+
+
+POSTGRES_URL = os.environ.get("LOOPWARDEN_TEST_POSTGRES_URL")
+REQUIRE_POSTGRES = os.environ.get("LOOPWARDEN_REQUIRE_POSTGRES") == "1"
+
+
+async def _postgres_database() -> tuple[str, str]:
+    """A new, empty database on the configured server: (its URL, its name)."""
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    if not POSTGRES_URL:
+        if REQUIRE_POSTGRES:
+            pytest.fail("LOOPWARDEN_REQUIRE_POSTGRES is set but LOOPWARDEN_TEST_POSTGRES_URL is not")
+        pytest.skip("no PostgreSQL configured: set LOOPWARDEN_TEST_POSTGRES_URL to run the PostgreSQL tests")
+    url = make_url(POSTGRES_URL)
+    try:
+        admin = await asyncpg.connect(host=url.host, port=url.port or 5432, user=url.username,
+                                      password=url.password, database=url.database, timeout=5)
+    except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as exc:
+        message = f"PostgreSQL at {url.host}:{url.port} cannot be reached: {exc}"
+        if REQUIRE_POSTGRES:
+            pytest.fail(message)
+        pytest.skip(message)
+    name = f"lw_test_{uuid.uuid4().hex[:12]}"
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return url.set(database=name).render_as_string(hide_password=False), name
+
+
+async def _drop_postgres_database(name: str) -> None:
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(POSTGRES_URL)
+    admin = await asyncpg.connect(host=url.host, port=url.port or 5432, user=url.username, password=url.password,
+                                  database=url.database, timeout=5)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def database_url(request, tmp_path) -> AsyncIterator[str]:
+    """An empty database, not yet migrated: a SQLite file, or a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path}/log.db"
+        return
+    url, name = await _postgres_database()
+    yield url
+    await _drop_postgres_database(name)

@@ -114,15 +114,16 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
             select(Detection.action, func.count()).where(condition).group_by(Detection.action))).all())
         sessions = (await connection.execute(
             select(func.count(distinct(Detection.tenant + ":" + Detection.session_id))).where(condition))).scalar()
+        # A task is named by tenant, session and task key together.
         first_turns = (await connection.execute(
             select(func.avg(Detection.turn)).where(condition, Detection.episode == 1))).scalar()
         saved = (await connection.execute(
             select(func.coalesce(func.sum(Detection.tokens_saved_estimate), 0)).where(condition))).scalar()
         task_key = Detection.tenant + ":" + Detection.session_id + ":" + Detection.task
         warned_tasks = set((await connection.execute(
-            select(distinct(task_key)).where(condition, Detection.action.in_(("warned", "cut"))))).scalars())
+            select(task_key).where(condition, Detection.action.in_(("warned", "cut"))).distinct())).scalars())
         stopped_tasks = set((await connection.execute(
-            select(distinct(task_key)).where(condition, Detection.action == "stopped"))).scalars())
+            select(task_key).where(condition, Detection.action == "stopped").distinct())).scalars())
         judge_condition = [JudgeCheckRow.created_at >= since] if since else []
         if tenant is not None:
             judge_condition.append(JudgeCheckRow.tenant == tenant)

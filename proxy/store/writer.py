@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -20,6 +21,7 @@ log = logging.getLogger("loopwarden.store")
 BATCH = 500
 FLUSH_EVERY = 0.25  # seconds: how long a record may wait for company
 MAX_BACKOFF = 10.0
+DROP_LOG_EVERY = 10.0
 
 
 def utcnow() -> datetime:
@@ -57,6 +59,7 @@ class LogWriter:
         self._closing = False
         self._failing_since: float | None = None
         self._on_drop = on_drop
+        self._drop_logged_at = float("-inf")
         self._flushing = asyncio.Lock()  # the background task and an operator's call may both flush
 
     # -- the request path: synchronous, O(1), never raises ------------------------------------------------
@@ -89,7 +92,10 @@ class LogWriter:
         self.dropped += count
         if self._on_drop is not None:
             self._on_drop(count)
-        log.warning("detection log buffer full: dropped %d record(s), %d in all", count, self.dropped)
+        now = time.monotonic()
+        if now - self._drop_logged_at >= DROP_LOG_EVERY:  # one line per interval, not one per record
+            self._drop_logged_at = now
+            log.warning("detection log buffer full: dropping records, %d dropped in all", self.dropped)
 
     @property
     def pending(self) -> int:

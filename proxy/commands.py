@@ -1,0 +1,162 @@
+"""The query commands: a thin shell over proxy.store.queries, for people (tables) and scripts (JSON, CSV)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+from datetime import datetime
+from pathlib import Path
+
+import orjson
+from sqlalchemy import inspect
+from sqlalchemy.engine import make_url
+
+from proxy.config import Settings
+from proxy.store import queries
+from proxy.store.database import DatabaseUnavailable, create_engine, describe_failure, safe_url
+
+
+class UsageProblem(ValueError):
+    """A flag's value is wrong: exit 2."""
+
+
+async def run(args: argparse.Namespace, settings: Settings) -> str:
+    """Run a query command; returns what to print."""
+    url = make_url(settings.database_url)
+    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:" \
+            and not Path(url.database).exists():
+        raise DatabaseUnavailable(f"no database at {url.database}: start `loopwarden serve` or run "
+                                  f"`loopwarden migrate` first")
+    engine = create_engine(settings.database_url)
+    try:
+        try:
+            async with engine.connect() as connection:
+                tables = await connection.run_sync(lambda sync: inspect(sync).get_table_names())
+        except Exception as exc:
+            raise describe_failure(settings.database_url, exc) from exc
+        if "detections" not in tables:
+            raise DatabaseUnavailable(f"the database {safe_url(settings.database_url)} has no loopwarden tables: "
+                                      f"run `loopwarden migrate`")
+        try:
+            since = queries.parse_since(getattr(args, "since", None))
+            return await _COMMANDS[args.command](engine, args, since)
+        except queries.QueryError as exc:
+            raise UsageProblem(str(exc)) from exc
+    finally:
+        await engine.dispose()
+
+
+async def _detections(engine, args, since) -> str:
+    where = queries.DetectionFilter(session=args.session, type=args.type, action=args.action, since=since)
+    items, _ = await queries.list_detections(engine, where, args.limit)
+    if args.format == "json":
+        return _json(items)
+    columns = ["id", "created_at", "session_id", "model", "type", "action", "episode", "turn", "summary"]
+    rows = [{**item, "episode": f"{item['episode']}/{item['episode_limit']}", "summary": _summary(item)}
+            for item in items]
+    if args.format == "csv":
+        return _csv(columns + ["tenant", "task", "request_id", "tokens_saved_estimate", "detail"],
+                    [{**row, "detail": orjson.dumps(row["detail"]).decode()} for row in rows])
+    return _table(columns, [{**row, "created_at": _local(row["created_at"])} for row in rows],
+                  empty="no detections")
+
+
+def _summary(item: dict) -> str:
+    detail = item["detail"] or {}
+    if "repeated" in detail:
+        text = f'"{detail["repeated"]}"'
+    elif "cycle" in detail:
+        text = " → ".join(detail["cycle"])
+    elif "tool" in detail:
+        text = f"{detail['tool']} {detail.get('arguments', '')}"
+    else:
+        text = detail.get("analysis", "")
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+async def _stats(engine, args, since) -> str:
+    result = await queries.stats(engine, since)
+    if args.format == "json":
+        return _json(result)
+    rate = result["recovery_rate"]
+    lines = [
+        f"detections                 {result['detections']}",
+        *(f"  {kind:<24} {count}" for kind, count in result["by_type"].items()),
+        "by action",
+        *(f"  {action:<24} {count}" for action, count in result["by_action"].items()),
+        f"sessions affected          {result['sessions_affected']}",
+        f"avg turns before detection {result['average_turns_before_detection'] or '-'}",
+        f"recovery rate              {'-' if rate is None else f'{rate:.0%}'} "
+        f"({result['recovered_tasks']} of {result['warned_tasks']} warned tasks went on without the stop)",
+        f"tokens saved (estimate)    {result['tokens_saved_estimate']}",
+        f"judge checks / tokens      {result['judge_checks']} / {result['judge_tokens']}",
+    ]
+    return "\n".join(lines)
+
+
+async def _sessions(engine, args, since) -> str:
+    items = await queries.list_sessions(engine, since, limit=args.limit)
+    if args.format == "json":
+        return _json(items)
+    columns = ["session_id", "first_seen", "last_seen", "requests", "messages", "detections", "disabled", "model"]
+    if args.format == "csv":
+        return _csv(columns + ["tenant"], items)
+    return _table(columns, [{**i, "first_seen": _local(i["first_seen"]), "last_seen": _local(i["last_seen"])}
+                            for i in items], empty="no sessions")
+
+
+async def _session(engine, args, since) -> str:
+    found = await queries.session_timeline(engine, args.session_id)
+    if not found:
+        raise DatabaseUnavailable(f"no session {args.session_id!r} in the log")
+    if args.format == "json":
+        return _json(found)
+    out = []
+    for session in found:
+        out.append(f"session {session['session_id']} (tenant {session['tenant']}): {session['requests']} requests, "
+                   f"last seen {_local(session['last_seen'])}"
+                   f"{', detection disabled' if session['disabled'] else ''}")
+        for entry in session["timeline"]:
+            if entry["kind"] == "detection":
+                out.append(f"  {_local(entry['at'])}  {entry['action']:<7} {entry['type']:<10} "
+                           f"{entry['episode']}/{entry['episode_limit']} turn {entry['turn']}: {_summary(entry)}")
+            else:
+                out.append(f"  {_local(entry['at'])}  judge   turn {entry['turn']}: confidence "
+                           f"{entry['confidence']} {entry['analysis'][:60]}")
+        if not session["timeline"]:
+            out.append("  no detections")
+    return "\n".join(out)
+
+
+_COMMANDS = {"detections": _detections, "stats": _stats, "sessions": _sessions, "session": _session}
+
+
+def _json(value) -> str:
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+
+
+def _csv(columns: list[str], rows: list[dict]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue().rstrip("\n")
+
+
+def _local(iso: str | None) -> str:
+    if not iso:
+        return "-"
+    moment = datetime.fromisoformat(iso.replace("Z", "+00:00")).astimezone()
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _table(columns: list[str], rows: list[dict], empty: str) -> str:
+    if not rows:
+        return empty
+    cells = [[str(row.get(c, "")) if row.get(c) is not None else "-" for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
+    return "\n".join(lines)
+
