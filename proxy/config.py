@@ -61,6 +61,7 @@ class Settings:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+_CHOICES = {"preset": tuple(PRESETS), "warning_role": WARNING_ROLES, "log_level": ("debug", "info", "warning", "error")}
 _OPTIONAL_TEXT = frozenset(
     {"upstream_api_key", "admin_token", "judge_url", "judge_model", "judge_api_key", "judge_confirm_model"}
 )
@@ -113,6 +114,8 @@ def _convert(name: str, raw: Any) -> Any:
             return text or None
         if not text:
             raise ValueError
+        if name in _CHOICES and text not in _CHOICES[name]:
+            raise ConfigError(f"must be one of {', '.join(_CHOICES[name])}, got {text!r}")
         return text
     except ConfigError:
         raise
@@ -166,20 +169,13 @@ def build(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | N
             except ConfigError as exc:
                 raise ConfigError(f"{label(name)}: {exc}") from None
 
-    preset = explicit.get("preset", "default")
-    if preset not in PRESETS:
-        raise ConfigError(f"{_label('preset')} must be one of {', '.join(PRESETS)}, got {preset!r}")
-    values = {**PRESETS[preset], **explicit}
+    values = {**PRESETS[explicit.get("preset", "default")], **explicit}
     settings = Settings(**values)
     _validate(settings)
     return settings
 
 
 def _validate(settings: Settings) -> None:
-    if settings.warning_role not in WARNING_ROLES:
-        raise ConfigError(
-            f"{_label('warning_role')} must be one of {', '.join(WARNING_ROLES)}, got {settings.warning_role!r}"
-        )
     for name in ("upstream_url", "judge_url"):
         url = getattr(settings, name)
         if url is None:
@@ -192,5 +188,3 @@ def _validate(settings: Settings) -> None:
             f"{_label('database_url')} must be a sqlite+aiosqlite:// or postgresql+asyncpg:// URL, "
             f"got {settings.database_url!r}"
         )
-    if settings.log_level.lower() not in ("debug", "info", "warning", "error"):
-        raise ConfigError(f"{_label('log_level')} must be debug, info, warning or error")

@@ -114,6 +114,14 @@ async def _drop_postgres_database(name: str) -> None:
         await admin.close()
 
 
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    """A fresh, empty PostgreSQL database, dropped afterwards."""
+    url, name = await _postgres_database()
+    yield url
+    await _drop_postgres_database(name)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 async def database_url(request, tmp_path) -> AsyncIterator[str]:
     """An empty database, not yet migrated: a SQLite file, or a fresh PostgreSQL database."""

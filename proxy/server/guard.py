@@ -175,8 +175,10 @@ class WatchedExchange(Exchange):
     def _finish(self, message: dict) -> None:
         episode = self._watcher.episode or self._watcher.finish(message.get("tool_calls") or [])
         if episode is not None:
+            # A stop saves at least the next request, which will be larger than this one.
+            saved = len(self.body) // 4 if episode.is_stop else 0
             self._guard.log_episode(self._context, episode, "stopped" if episode.is_stop else "warned",
-                                    self.request_id, 0)
+                                    self.request_id, saved)
 
 
 class Guard:

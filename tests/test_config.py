@@ -1,0 +1,57 @@
+"""Settings: flag > environment > file > preset > default, and one clear line for a bad value."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.config import ConfigError, build
+
+
+def test_defaults():
+    settings = build({}, environ={})
+    assert (settings.port, settings.max_warnings, settings.tool_call_threshold) == (8989, 2, 5)
+    assert settings.database_url == "sqlite+aiosqlite:///./loopwarden.db"
+    assert settings.whitelisted_tools == frozenset()
+
+
+def test_precedence_flag_env_file(tmp_path):
+    config = tmp_path / "lw.toml"
+    config.write_text('port = 7000\nmax_warnings = 4\ntool_call_threshold = 9\nwhitelisted_tools = ["poll"]\n')
+    env = {"LOOPWARDEN_CONFIG": str(config), "LOOPWARDEN_PORT": "7100", "LOOPWARDEN_MAX_WARNINGS": "3"}
+    settings = build({"port": "7200"}, environ=env)
+    assert settings.port == 7200  # flag
+    assert settings.max_warnings == 3  # environment over file
+    assert settings.tool_call_threshold == 9  # file
+    assert settings.whitelisted_tools == frozenset({"poll"})
+
+
+def test_presets_and_explicit_settings_win():
+    strict = build({"preset": "strict"}, environ={})
+    assert (strict.tool_call_threshold, strict.content_loop_threshold, strict.max_warnings) == (3, 5, 1)
+    lenient = build({}, environ={"LOOPWARDEN_PRESET": "lenient", "LOOPWARDEN_MAX_WARNINGS": "0"})
+    assert (lenient.tool_call_threshold, lenient.dynamic_thresholds, lenient.max_warnings) == (7, True, 0)
+
+
+@pytest.mark.parametrize(
+    "flags, env, message",
+    [
+        ({"port": "http"}, {}, "--port: invalid value 'http'"),
+        ({}, {"LOOPWARDEN_MAX_WARNINGS": "-1"}, "LOOPWARDEN_MAX_WARNINGS: must be at least 0, got -1"),
+        ({"warning_role": "assistant"}, {}, "--warning-role: must be one of system, developer, user"),
+        ({}, {"LOOPWARDEN_DYNAMIC_THRESHOLDS": "maybe"}, "LOOPWARDEN_DYNAMIC_THRESHOLDS: invalid value"),
+        ({"upstream_url": "ftp://x"}, {}, "LOOPWARDEN_UPSTREAM_URL must be an http(s) URL"),
+        ({"database_url": "mysql://x"}, {}, "LOOPWARDEN_DATABASE_URL must be"),
+        ({"config": "/nonexistent/lw.toml"}, {}, "config file not found"),
+    ],
+)
+def test_bad_values_are_named(flags, env, message):
+    with pytest.raises(ConfigError) as caught:
+        build(flags, environ=env)
+    assert message in str(caught.value)
+
+
+def test_unknown_key_in_file(tmp_path):
+    config = tmp_path / "lw.toml"
+    config.write_text("no_such_setting = 1\n")
+    with pytest.raises(ConfigError, match="unknown setting 'no_such_setting'"):
+        build({"config": str(config)}, environ={})
