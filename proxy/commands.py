@@ -53,13 +53,19 @@ async def _detections(engine, args, since) -> str:
     if args.format == "json":
         return _json(items)
     columns = ["id", "created_at", "session_id", "model", "type", "action", "episode", "turn", "summary"]
-    rows = [{**item, "episode": f"{item['episode']}/{item['episode_limit']}", "summary": _summary(item)}
-            for item in items]
+    rows = [{**item, "episode": _episode(item), "summary": _summary(item)} for item in items]
     if args.format == "csv":
         return _csv(columns + ["tenant", "task", "request_id", "tokens_saved_estimate", "detail"],
                     [{**row, "detail": orjson.dumps(row["detail"]).decode()} for row in rows])
     return _table(columns, [{**row, "created_at": _local(row["created_at"])} for row in rows],
                   empty="no detections")
+
+
+def _episode(item: dict) -> str:
+    """k/N for a warning; the stop is the episode past the last warning."""
+    if item["episode"] > item["episode_limit"]:
+        return "stop"
+    return f"{item['episode']}/{item['episode_limit']}"
 
 
 def _summary(item: dict) -> str:
@@ -120,7 +126,7 @@ async def _session(engine, args, since) -> str:
         for entry in session["timeline"]:
             if entry["kind"] == "detection":
                 out.append(f"  {_local(entry['at'])}  {entry['action']:<7} {entry['type']:<10} "
-                           f"{entry['episode']}/{entry['episode_limit']} turn {entry['turn']}: {_summary(entry)}")
+                           f"{_episode(entry):<4} turn {entry['turn']}: {_summary(entry)}")
             else:
                 out.append(f"  {_local(entry['at'])}  judge   turn {entry['turn']}: confidence "
                            f"{entry['confidence']} {entry['analysis'][:60]}")

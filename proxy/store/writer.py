@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import deque
@@ -60,6 +61,19 @@ class LogWriter:
         self._failing_since: float | None = None
         self._on_drop = on_drop
         self._drop_logged_at = float("-inf")
+        self._insert_detections = dialect_insert(engine, Detection).on_conflict_do_nothing(
+            index_elements=["episode_key"])
+        self._insert_checks = dialect_insert(engine, JudgeCheckRow)
+        upsert = dialect_insert(engine, SessionRow)
+        self._upsert_sessions = upsert.on_conflict_do_update(
+            index_elements=["tenant", "session_id"],
+            set_={
+                "last_seen": upsert.excluded.last_seen,
+                "requests": SessionRow.requests + upsert.excluded.requests,
+                "message_count": upsert.excluded.message_count,
+                "model": func.coalesce(upsert.excluded.model, SessionRow.model),
+            },
+        )
         self._flushing = asyncio.Lock()  # the background task and an operator's call may both flush
 
     # -- the request path: synchronous, O(1), never raises ------------------------------------------------
@@ -145,50 +159,45 @@ class LogWriter:
                 return
 
     async def flush(self) -> None:
-        """Write everything buffered now. On failure the records stay buffered."""
+        """Write what is buffered now. On failure the records go back to the buffer."""
         async with self._flushing:
-            await self._flush()
+            while await self._flush_batch():
+                pass
 
-    async def _flush(self) -> None:
-        while self._rows or self._sessions:
-            rows = [self._rows[i] for i in range(min(BATCH, len(self._rows)))]
-            sessions = list(self._sessions.items())[:BATCH]
+    async def _flush_batch(self) -> bool:
+        """Write one batch; True when a full batch went out and more may be waiting."""
+        rows = [self._rows.popleft() for _ in range(min(BATCH, len(self._rows)))]
+        keys = list(itertools.islice(self._sessions, BATCH))
+        sessions = [(key, self._sessions.pop(key)) for key in keys]
+        if not rows and not sessions:
+            return False
+        try:
             async with self.engine.begin() as connection:
                 detections = [r["values"] for r in rows if r["table"] is Detection]
                 checks = [r["values"] for r in rows if r["table"] is JudgeCheckRow]
                 if detections:
-                    statement = dialect_insert(self.engine, Detection).on_conflict_do_nothing(
-                        index_elements=["episode_key"])
-                    await connection.execute(statement, detections)
+                    await connection.execute(self._insert_detections, detections)
                 if checks:
-                    await connection.execute(dialect_insert(self.engine, JudgeCheckRow), checks)
+                    await connection.execute(self._insert_checks, checks)
                 if sessions:
-                    await self._upsert_sessions(connection, sessions)
-            for _ in rows:
-                self._rows.popleft()
-            for key, (seen, count) in sessions:
-                current = self._sessions.get(key)
-                if current is not None and current[0] is seen:
-                    del self._sessions[key]
-                elif current is not None:
-                    self._sessions[key] = (current[0], current[1] - count)
-            self.written += len(rows)
+                    await connection.execute(self._upsert_sessions, [
+                        {"tenant": seen.tenant, "session_id": seen.session_id, "first_seen": seen.at,
+                         "last_seen": seen.at, "requests": count, "message_count": seen.message_count,
+                         "model": seen.model, "disabled": False, "reset_at_message": 0}
+                        for _, (seen, count) in sessions])
+        except BaseException:
+            self._restore(rows, sessions)
+            raise
+        self.written += len(rows)
+        return len(rows) == BATCH or len(sessions) == BATCH
 
-    async def _upsert_sessions(self, connection, sessions) -> None:
-        insert = dialect_insert(self.engine, SessionRow)
-        values = [
-            {"tenant": seen.tenant, "session_id": seen.session_id, "first_seen": seen.at, "last_seen": seen.at,
-             "requests": count, "message_count": seen.message_count, "model": seen.model, "disabled": False,
-             "reset_at_message": 0}
-            for (_, (seen, count)) in sessions
-        ]
-        statement = insert.on_conflict_do_update(
-            index_elements=["tenant", "session_id"],
-            set_={
-                "last_seen": insert.excluded.last_seen,
-                "requests": SessionRow.requests + insert.excluded.requests,
-                "message_count": insert.excluded.message_count,
-                "model": func.coalesce(insert.excluded.model, SessionRow.model),
-            },
-        )
-        await connection.execute(statement, values)
+    def _restore(self, rows: list[dict], sessions: list) -> None:
+        """Put a batch that could not be written back in front, within the buffer's bound."""
+        room = self.capacity - len(self._rows)
+        if room < len(rows):
+            self._count_drop(len(rows) - max(room, 0))
+            rows = rows[len(rows) - max(room, 0):]  # the oldest go first
+        self._rows.extendleft(reversed(rows))
+        for key, (seen, count) in sessions:
+            newer = self._sessions.get(key)
+            self._sessions[key] = (newer[0], newer[1] + count) if newer else (seen, count)

@@ -1,0 +1,230 @@
+"""What loopwarden costs an agent, measured in one run against the same upstream.
+
+    .venv/bin/python bench/overhead.py [--quick]
+
+Targets, in separate processes on this machine: a lean upstream, a bare aiohttp
+relay (the least any forwarding proxy costs), and loopwarden. The load comes
+from this process over keep-alive connections. Every figure is compared within
+the run, so machine speed cancels out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = orjson.dumps({"model": "bench", "messages": [{"role": "system", "content": "You are an agent."},
+                                                      {"role": "user", "content": "Fix the failing test."}]})
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def wait_ready(url: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(300):
+            try:
+                async with http.post(url + "/chat/completions", data=SMALL,
+                                     headers={"Content-Type": "application/json"}) as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def conversation(messages: int, *, looping: bool = False, tag: str = "") -> list[dict]:
+    """An agent conversation with tool calls: distinct calls, or one call repeated (a loop)."""
+    result = [{"role": "system", "content": "You are a careful coding agent." + tag},
+              {"role": "user", "content": "Refactor the storage layer and keep the tests green."}]
+    step = 0
+    while len(result) < messages:
+        path = "src/app.py" if looping else f"src/module_{step}.py"
+        call_id = f"call_{step}"
+        result.append({"role": "assistant", "content": f"Looking at {path} next." if not looping else None,
+                       "tool_calls": [{"id": call_id, "type": "function",
+                                       "function": {"name": "read_file", "arguments": orjson.dumps({"path": path})
+                                                    .decode()}}]})
+        body = "same contents\n" * 20 if looping else f"# module {step}\n" + "def f():\n    return 1\n" * 15
+        result.append({"role": "tool", "tool_call_id": call_id, "content": body})
+        step += 1
+    return result[:messages]
+
+
+class Timer:
+    def __init__(self, http: aiohttp.ClientSession) -> None:
+        self.http = http
+
+    async def once(self, url: str, body: bytes, headers: dict | None = None) -> float:
+        started = time.perf_counter()
+        async with self.http.post(url + "/chat/completions", data=body,
+                                  headers={"Content-Type": "application/json", **(headers or {})}) as response:
+            await response.read()
+            if response.status != 200:
+                raise RuntimeError(f"{url}: HTTP {response.status}")
+        return time.perf_counter() - started
+
+    async def stream(self, url: str) -> tuple[float, float]:
+        body = orjson.dumps({**orjson.loads(SMALL), "stream": True})
+        started = time.perf_counter()
+        first = None
+        async with self.http.post(url + "/chat/completions", data=body,
+                                  headers={"Content-Type": "application/json"}) as response:
+            async for _ in response.content.iter_any():
+                if first is None:
+                    first = time.perf_counter() - started
+        return first or 0.0, time.perf_counter() - started
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def ms(value: float) -> str:
+    return f"{value * 1000:.3f}"
+
+
+async def sequential(timer: Timer, targets: dict[str, str], rounds: int, body: bytes = SMALL,
+                     headers_for=None) -> dict[str, list[float]]:
+    """Concurrency 1, targets interleaved round by round so drift hits them alike."""
+    samples: dict[str, list[float]] = {name: [] for name in targets}
+    for i in range(rounds):
+        for name, url in targets.items():
+            headers = headers_for(name, i) if headers_for else None
+            samples[name].append(await timer.once(url, body, headers))
+    return samples
+
+
+async def concurrent(timer: Timer, url: str, workers: int, total: int) -> tuple[list[float], float]:
+    samples: list[float] = []
+    remaining = total
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            samples.append(await timer.once(url, SMALL))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return samples, total / (time.perf_counter() - started)
+
+
+async def run(quick: bool) -> None:
+    scale = 0.2 if quick else 1.0
+    processes = []
+    tmp = tempfile.mkdtemp(prefix="lw-bench-")
+    try:
+        up_port, relay_port, lw_port = free_port(), free_port(), free_port()
+        upstream = f"http://127.0.0.1:{up_port}/v1"
+        python = sys.executable
+        processes.append(subprocess.Popen([python, str(ROOT / "bench/servers.py"), "upstream", str(up_port)]))
+        await wait_ready(upstream)
+        processes.append(subprocess.Popen([python, str(ROOT / "bench/servers.py"), "relay", str(relay_port),
+                                           upstream]))
+        processes.append(subprocess.Popen(
+            [python, "-m", "proxy", "serve", "--port", str(lw_port), "--upstream", upstream, "--log-level",
+             "warning", "--database-url", f"sqlite+aiosqlite:///{tmp}/bench.db", "--llm-check", "false"],
+            cwd=ROOT))
+        targets = {"direct": upstream, "relay": f"http://127.0.0.1:{relay_port}/v1",
+                   "loopwarden": f"http://127.0.0.1:{lw_port}/v1"}
+        for url in targets.values():
+            await wait_ready(url)
+
+        connector = aiohttp.TCPConnector(limit=64)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            timer = Timer(http)
+            await sequential(timer, targets, 200)  # warm-up
+            print(f"# loopwarden overhead benchmark ({os.cpu_count()} cores, Python {sys.version.split()[0]})\n")
+
+            rounds = int(2000 * scale)
+            c1 = await sequential(timer, targets, rounds)
+            print(f"## Non-streaming, concurrency 1 ({rounds} requests each, interleaved)\n")
+            print("| target | p50 ms | p99 ms | added p50 ms | added p99 ms |\n|---|---|---|---|---|")
+            for name in targets:
+                print(f"| {name} | {ms(pct(c1[name], .5))} | {ms(pct(c1[name], .99))} | "
+                      f"{ms(pct(c1[name], .5) - pct(c1['direct'], .5))} | "
+                      f"{ms(pct(c1[name], .99) - pct(c1['direct'], .99))} |")
+            added_lw = pct(c1["loopwarden"], .5) - pct(c1["direct"], .5)
+            added_relay = pct(c1["relay"], .5) - pct(c1["direct"], .5)
+            print(f"\nloopwarden's added p50 is {added_lw / added_relay:.2f}x the bare relay's\n")
+
+            total = int(6000 * scale)
+            print(f"## Non-streaming, concurrency 32 ({total} requests each)\n")
+            print("| target | p50 ms | p99 ms | requests/s |\n|---|---|---|---|")
+            for name, url in targets.items():
+                samples, rps = await concurrent(timer, url, 32, total)
+                print(f"| {name} | {ms(pct(samples, .5))} | {ms(pct(samples, .99))} | {rps:.0f} |")
+
+            streams = int(300 * scale)
+            print(f"\n## Streaming, 200 chunks ({streams} streams each, interleaved)\n")
+            results: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
+            for _ in range(streams):
+                for name, url in targets.items():
+                    results[name].append(await timer.stream(url))
+            print("| target | first chunk p50 ms | total p50 ms | total vs direct |\n|---|---|---|---|")
+            direct_total = statistics.median(t for _, t in results["direct"])
+            for name in targets:
+                first = statistics.median(f for f, _ in results[name])
+                whole = statistics.median(t for _, t in results[name])
+                print(f"| {name} | {ms(first)} | {ms(whole)} | {whole / direct_total:.3f}x |")
+
+            print("\n## Detection on a 200-message conversation with tool calls\n")
+            bodies = [orjson.dumps({"model": "bench", "messages": conversation(n)}) for n in range(160, 201, 2)]
+            rounds = int(1000 * scale)
+            sessions = max(1, rounds // len(bodies))
+            lw = targets["loopwarden"]
+            samples: dict[str, list[float]] = {"direct": [], "detection off": [], "detection on": []}
+            for s in range(sessions):
+                for body in bodies:
+                    session = {"X-Loopwarden-Session": f"bench-{s}"}
+                    samples["direct"].append(await timer.once(upstream, body))
+                    samples["detection off"].append(await timer.once(lw, body, {**session,
+                                                                                "X-Loopwarden-Disable": "1"}))
+                    samples["detection on"].append(await timer.once(lw, body, session))
+            print("Each session's conversation grows by one tool call per request, as an agent's does.\n")
+            print("| case | p50 ms | added p50 ms |\n|---|---|---|")
+            base = pct(samples["direct"], .5)
+            for name, values in samples.items():
+                print(f"| {name} | {ms(pct(values, .5))} | {ms(pct(values, .5) - base)} |")
+            off = pct(samples["detection off"], .5) - base
+            on = pct(samples["detection on"], .5) - base
+            print(f"\ndetection on adds {on / off:.2f}x the added latency of plain forwarding\n")
+
+            count = int(10_000 * scale)
+            print(f"## The log: {count} requests that each log a detection, vs the same requests already logged\n")
+            looping = conversation(12, looping=True)
+            body = orjson.dumps({"model": "bench", "messages": looping})
+            logged = [await timer.once(lw, body, {"X-Loopwarden-Session": f"log-{i}"}) for i in range(count)]
+            repeat = [await timer.once(lw, body, {"X-Loopwarden-Session": "log-0"}) for _ in range(count)]
+            print("| case | p50 ms | p99 ms |\n|---|---|---|")
+            print(f"| each request logs a new detection | {ms(pct(logged, .5))} | {ms(pct(logged, .99))} |")
+            print(f"| detections already logged (no write) | {ms(pct(repeat, .5))} | {ms(pct(repeat, .99))} |")
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a fifth of the requests, for a fast look")
+    asyncio.run(run(parser.parse_args().quick))

@@ -1,0 +1,80 @@
+"""Processes the overhead benchmark runs beside loopwarden: a lean upstream and a bare relay.
+
+    python bench/servers.py upstream PORT
+    python bench/servers.py relay PORT UPSTREAM_URL
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+STREAM_CHUNKS = 200
+
+
+def _completion() -> bytes:
+    return orjson.dumps({
+        "id": "chatcmpl-bench", "object": "chat.completion", "created": int(time.time()), "model": "bench",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": "All done: the tests pass now."}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18},
+    })
+
+
+def _chunk(i: int) -> bytes:
+    data = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "bench",
+            "choices": [{"index": 0, "delta": {"content": f"token{i} "}, "finish_reason": None}]}
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+async def upstream_chat(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    if b'"stream":true' not in body.replace(b" ", b""):
+        return web.Response(body=_completion(), content_type="application/json")
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for i in range(STREAM_CHUNKS):
+        await response.write(_chunk(i))
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+def upstream_app() -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/chat/completions", upstream_chat)
+    return app
+
+
+def relay_app(upstream: str) -> web.Application:
+    """The least a forwarding proxy can do: the baseline for loopwarden's own cost."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+
+    async def start(app: web.Application):
+        app["client"] = aiohttp.ClientSession(auto_decompress=False)
+        yield
+        await app["client"].close()
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        async with request.app["client"].post(upstream + "/chat/completions", data=await request.read(),
+                                              headers={"Content-Type": "application/json"}) as up:
+            response = web.StreamResponse(status=up.status, headers={"Content-Type": up.headers["Content-Type"]})
+            await response.prepare(request)
+            async for chunk in up.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    app.cleanup_ctx.append(start)
+    app.router.add_post("/v1/chat/completions", relay)
+    return app
+
+
+if __name__ == "__main__":
+    kind, port = sys.argv[1], int(sys.argv[2])
+    app = upstream_app() if kind == "upstream" else relay_app(sys.argv[3])
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
