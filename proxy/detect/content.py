@@ -157,12 +157,14 @@ class ContentTracker:
     def _count(self, text: str) -> Chant | None:
         if not text:
             return None
-        self._text += text
+        body = self._text
+        self._text = ""  # so `body` holds the only reference and += can grow it in place
+        body += text
+        self._text = body
         size = self.chunk_size
         stop = self._base + len(self._text) - size
         index = self._index
         base = self._base
-        body = self._text
         found = None
         position = self._next
         while position <= stop:
@@ -200,12 +202,15 @@ class ContentTracker:
         cut = len(self._text) - self._keep
         self._text = self._text[cut:]
         self._base += cut
-        floor = self._base
-        self._index = {
-            chunk: kept
-            for chunk, positions in self._index.items()
-            if (kept := [p for p in positions if p >= floor])
-        }
+        # Positions before the window are harmless (their span is always too wide to chant), so the
+        # index is rebuilt only now and then, to bound its memory.
+        if len(self._index) > 4 * self._keep:
+            floor = self._base
+            self._index = {
+                chunk: kept
+                for chunk, positions in self._index.items()
+                if (kept := [p for p in positions if p >= floor])
+            }
 
     @property
     def state_size(self) -> int:

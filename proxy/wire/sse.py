@@ -27,6 +27,12 @@ class SSEParser:
         self._skip_lf = False
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        if not self._rest and not self._data and not self._skip_lf and chunk.endswith(b"\n\n") \
+                and b"\r" not in chunk:
+            # The usual case: whole one-line `data:` events, as providers send them.
+            blocks = chunk[:-2].split(b"\n\n")
+            if all(block.startswith(b"data: ") and b"\n" not in block for block in blocks):
+                return [SSEEvent(block[6:]) for block in blocks]
         if self._skip_lf and chunk.startswith(b"\n"):
             chunk = chunk[1:]  # second half of a CRLF split across chunks
         self._skip_lf = chunk.endswith(b"\r")
