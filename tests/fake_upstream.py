@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 
 
 @dataclass
@@ -32,6 +33,8 @@ class Turn:
     delay: float = 0.0  # seconds between chunks
     drop_after: int | None = None  # close the connection after this many chunks
     hang: bool = False  # never answer
+    latency: float = 0.0  # seconds before answering
+    reject_response_format: tuple[str, ...] = ()  # answer 400 to these response_format types
     keepalive: bool = True
 
 
@@ -48,7 +51,7 @@ class Received:
     method: str
     path: str
     query: str
-    headers: dict[str, str]
+    headers: CIMultiDict[str]  # case-insensitive, as HTTP header names are
     body: bytes
 
     @property
@@ -60,6 +63,7 @@ class FakeUpstream:
     def __init__(self) -> None:
         self.script: list[Turn] = []
         self.responder: Callable[[dict], Turn] | None = None
+        self.judge: Callable[[dict], Turn] | None = None  # answers requests the judge sends
         self.requests: list[Received] = []
         self.streams: list[StreamRecord] = []
         self._ids = itertools.count(1)
@@ -90,11 +94,17 @@ class FakeUpstream:
 
     @property
     def chat_requests(self) -> list[dict]:
-        return [r.json for r in self.requests if r.path == "/v1/chat/completions"]
+        """The agent's chat requests (not the judge's)."""
+        return [r.json for r in self.requests if r.path == "/v1/chat/completions"
+                and "X-Loopwarden-Judge" not in r.headers]
+
+    @property
+    def judge_requests(self) -> list[dict]:
+        return [r.json for r in self.requests if "X-Loopwarden-Judge" in r.headers]
 
     async def _record(self, request: web.Request) -> Received:
         received = Received(
-            request.method, request.path, request.query_string, dict(request.headers), await request.read()
+            request.method, request.path, request.query_string, CIMultiDict(request.headers), await request.read()
         )
         self.requests.append(received)
         return received
@@ -109,9 +119,19 @@ class FakeUpstream:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         received = await self._record(request)
         body = received.json
-        turn = self._next_turn(body)
+        if "X-Loopwarden-Judge" in received.headers and self.judge is not None:
+            turn = self.judge(body)
+        else:
+            turn = self._next_turn(body)
         if turn.hang:
             await asyncio.sleep(3600)
+        if turn.latency:
+            await asyncio.sleep(turn.latency)
+        requested_format = (body.get("response_format") or {}).get("type")
+        if requested_format in turn.reject_response_format:
+            return web.json_response({"error": {"message": f"response_format {requested_format} is not supported",
+                                                "type": "invalid_request_error", "param": "response_format",
+                                                "code": None}}, status=400)
         if turn.raw_body is not None:
             return web.Response(status=turn.status, body=turn.raw_body, headers=turn.headers)
         if turn.status != 200:

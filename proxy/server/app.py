@@ -237,8 +237,7 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[count_requests, openai_errors])
     metrics = Metrics()
     store = Store(settings.database_url, settings.log_buffer_size, on_drop=metrics.log_dropped.inc)
-    guard = guard_module.Guard(settings, store,
-                               on_detection=lambda kind, action: metrics.detections.labels(kind, action).inc())
+    guard = guard_module.Guard(settings, store, metrics)
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app[GUARD] = guard

@@ -9,6 +9,7 @@ log writer without waiting.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -29,8 +30,10 @@ from proxy.detect.engine import (
     analyze,
     episodes,
 )
+from proxy.detect.judge_policy import check_due, judge_window
 from proxy.detect.normalize import digest
 from proxy.detect.texts import stop_text, warning_text
+from proxy.judge import JUDGE_HEADER, Judge
 from proxy.server.upstream import json_error
 from proxy.store.writer import SessionSeen, utcnow
 from proxy.wire.chat import ChatStreamAssembler, message_text, response_message
@@ -90,9 +93,14 @@ class Exchange:
         self.body = body
         self.response_headers: dict[str, str] = response_headers or {}
         self.request_id: str | None = None
+        self.after_forward: Callable[[], None] | None = None
 
     def on_response_headers(self, headers) -> None:
+        """The request has been forwarded and answered: background work may start now."""
         self.request_id = headers.get("x-request-id")
+        if self.after_forward is not None:
+            self.after_forward()
+            self.after_forward = None
 
     def on_stream_bytes(self, chunk: bytes) -> tuple[int, bytes] | None:
         """Read a copy of upstream bytes. When the stream must end here: how much of `chunk` to
@@ -184,21 +192,29 @@ class WatchedExchange(Exchange):
 class Guard:
     """Per-process detection state: the fold caches, and what has been logged."""
 
-    def __init__(self, settings: Settings, store=None, on_detection: Callable[[str, str], None] | None = None
-                 ) -> None:
+    def __init__(self, settings: Settings, store=None, metrics=None) -> None:
         self.settings = settings
         self.config = DetectConfig.from_settings(settings)
         self.store = store
+        self.metrics = metrics
         self._folds: _LRU = _LRU(CACHED_SESSIONS)
         self._logged: _LRU = _LRU(REMEMBERED_EPISODES)
         self._message_counts: _LRU = _LRU(CACHED_SESSIONS)
-        self._on_detection = on_detection
+        self.judge = Judge(settings.judge_url or settings.upstream_url,
+                           settings.judge_api_key or settings.upstream_api_key, settings.judge_timeout,
+                           settings.judge_concurrency) if settings.llm_check and store is not None else None
+        self._judging: dict[tuple[str, str], asyncio.Task] = {}
 
     async def start(self) -> None:
         if self.store is not None:
             await self.store.start()
 
     async def stop(self) -> None:
+        for task in list(self._judging.values()):
+            task.cancel()
+        await asyncio.gather(*self._judging.values(), return_exceptions=True)
+        if self.judge is not None:
+            await self.judge.close()
         if self.store is not None:
             await self.store.close(min(self.settings.shutdown_grace, 5.0))
 
@@ -209,6 +225,8 @@ class Guard:
         return dict(self._message_counts)
 
     def begin(self, request: web.Request, raw: bytes, payload: dict) -> Exchange:
+        if request.headers.get(JUDGE_HEADER):
+            return Exchange(raw)  # the judge's own request: not a session's turn
         messages = payload.get("messages")
         messages = messages if isinstance(messages, list) else []
         tenant = tenant_of(client_key(request))
@@ -252,7 +270,34 @@ class Guard:
         watcher = ResponseWatcher(self.config, _detached(state, cache), decision, len(messages), plan_mode)
         max_completion = payload.get("max_completion_tokens") or payload.get("max_tokens")
         max_completion = max_completion if isinstance(max_completion, int) else DEFAULT_COMPLETION_TOKENS
-        return WatchedExchange(self, body, headers, context, watcher, max_completion)
+        exchange = WatchedExchange(self, body, headers, context, watcher, max_completion)
+        if self.judge is not None and key not in self._judging and model and \
+                check_due(state.turns, self.settings.llm_check_after_turns, checks):
+            exchange.after_forward = lambda: self._start_judge(key, context, state, messages, client_key(request))
+        return exchange
+
+    def _start_judge(self, key: tuple[str, str], context: dict, state: TaskState, messages: list[dict],
+                     key_of_client: str) -> None:
+        if key in self._judging:
+            return
+        request, window = judge_window(messages, state.start)
+        model = self.settings.judge_model or context["model"]
+        task = asyncio.get_running_loop().create_task(
+            self._judge_task(key, context, state.key, state.turns, model, key_of_client, request, window))
+        self._judging[key] = task
+
+    async def _judge_task(self, key, context, task_key, turn, model, key_of_client, request, window) -> None:
+        try:
+            check, tokens = await self.judge.check(task_key, turn, model, self.settings.judge_confirm_model,
+                                                   key_of_client, request, window)
+            self.store.record_judge_check(context["tenant"], context["session_id"], check, model, tokens)
+            if self.metrics is not None:
+                outcome = "none" if check.confidence is None else \
+                    "loop" if check.is_loop(self.config.judge_confirm) else "progress"
+                self.metrics.judge_checks.labels(outcome).inc()
+                self.metrics.judge_tokens.inc(tokens)
+        finally:
+            self._judging.pop(key, None)
 
     def _with_warnings(self, messages: list[dict], warnings: list[Episode]) -> list[dict]:
         result = list(messages)
@@ -269,8 +314,8 @@ class Guard:
         self._logged.put(key, True)
         log.info("loop %s in session %s: %s episode %d/%d", action, context["session_id"], episode.type,
                  episode.number, episode.limit)
-        if self._on_detection is not None:
-            self._on_detection(episode.type, action)
+        if self.metrics is not None:
+            self.metrics.detections.labels(episode.type, action).inc()
         if self.store is None:
             return
         self.store.writer.add_detection({

@@ -1,0 +1,167 @@
+"""The judge: a model asked, in the background, whether a task has stopped making progress.
+
+Never on a request's path: a check starts after the request that made it due
+has been forwarded, and its verdict counts from the session's next request.
+One check in flight per session, a limit across sessions, a timeout, and any
+failure is simply "no verdict".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from dataclasses import dataclass
+
+import openai
+import orjson
+
+from proxy.detect.judge_policy import LOOP_CONFIDENCE, JudgeCheck
+from proxy.wire.chat import message_text
+
+log = logging.getLogger("loopwarden.judge")
+
+JUDGE_HEADER = "X-Loopwarden-Judge"  # the judge's own requests: never inspected, never a session's turn
+PROMPT_VERSION = "2026-11-1"
+SYSTEM_PROMPT = f"""You review the work of an autonomous AI agent (prompt version {PROMPT_VERSION}).
+You are shown the task the user gave it and the latest messages of its work: its replies, the tool
+calls it made and what the tools answered. Decide whether the agent has stopped making progress.
+
+An agent is NOT making progress when it keeps doing the same thing and gets the same outcome: it
+restates the same plan without acting on it, makes an edit and then undoes it, debugs the same error
+with cosmetic changes that cannot fix it, re-reads what it already read without using it, or repeats
+a failing command hoping for another result.
+
+An agent IS making progress when its work moves forward even if it looks repetitive: batch work over
+different files or items, edits to different places of the same file, re-running a build or the
+tests after a change, retrying with new arguments, or polling something whose answer changes.
+
+Answer with a JSON object and nothing else:
+{{"analysis": "<one or two sentences on what the agent is doing and why it is or is not progress>",
+  "confidence": <a number from 0 to 1: how sure you are that the agent has stopped making progress>}}"""
+
+_SCHEMA = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "loop_verdict",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {"analysis": {"type": "string"}, "confidence": {"type": "number"}},
+            "required": ["analysis", "confidence"],
+            "additionalProperties": False,
+        },
+    },
+}
+_FORMATS = (_SCHEMA, {"type": "json_object"}, None)  # tried in turn on backends that refuse one
+_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
+_MESSAGE_CHARS = 1500
+
+
+@dataclass(frozen=True)
+class Answer:
+    confidence: float | None
+    analysis: str
+    tokens: int
+
+
+def render(request: str, window: list[dict]) -> str:
+    """What the judge reads: the original request, then each message, tool calls spelled out."""
+    lines = [f"The user's request:\n{request or '(not in view)'}", "", "The agent's latest messages:"]
+    for message in window:
+        role = message.get("role", "?")
+        text = message_text(message)
+        if len(text) > _MESSAGE_CHARS:
+            text = text[:_MESSAGE_CHARS] + " …(cut)"
+        if role == "tool":
+            lines.append(f"[tool result] {text}")
+            continue
+        if text:
+            lines.append(f"[{role}] {text}")
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            lines.append(f"[{role} calls] {function.get('name')}({str(function.get('arguments'))[:300]})")
+    return "\n".join(lines)
+
+
+def parse_answer(text: str | None) -> tuple[float | None, str]:
+    """A confidence in 0..1 and the analysis, from JSON or from text that holds a JSON object."""
+    if not text:
+        return None, ""
+    for candidate in (text, *(_OBJECT.findall(text)[:1])):
+        try:
+            data = orjson.loads(candidate)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(data, dict):
+            confidence = data.get("confidence")
+            if isinstance(confidence, (int, float)) and not isinstance(confidence, bool) and 0 <= confidence <= 1:
+                return float(confidence), str(data.get("analysis", ""))[:2000]
+            return None, ""
+    return None, ""
+
+
+class Judge:
+    def __init__(self, base_url: str, api_key: str | None, timeout: float, concurrency: int) -> None:
+        self.base_url = base_url
+        self.api_key = api_key
+        self.timeout = timeout
+        self._limit = asyncio.Semaphore(concurrency)
+        self._clients: dict[str, openai.AsyncOpenAI] = {}
+        self._formats: dict[str, int] = {}  # per model: the first response format it accepted
+
+    def _client(self, key: str) -> openai.AsyncOpenAI:
+        client = self._clients.get(key)
+        if client is None:
+            client = openai.AsyncOpenAI(base_url=self.base_url, api_key=key or "none", max_retries=0,
+                                        timeout=self.timeout, default_headers={JUDGE_HEADER: "1"})
+            self._clients[key] = client
+        return client
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
+
+    async def ask(self, model: str, client_key: str, request: str, window: list[dict]) -> Answer:
+        """One model's answer; never raises (a failure is an answer without confidence)."""
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": render(request,
+                                                                                                        window)}]
+        client = self._client(self.api_key or client_key)
+        async with self._limit:
+            try:
+                async with asyncio.timeout(self.timeout):
+                    return await self._ask(client, model, messages)
+            except Exception as exc:  # timeouts, HTTP errors, refusals: no verdict
+                log.info("judge %s gave no verdict: %s", model, str(exc).splitlines()[0] if str(exc) else
+                         type(exc).__name__)
+                return Answer(None, "", 0)
+
+    async def _ask(self, client: openai.AsyncOpenAI, model: str, messages: list[dict]) -> Answer:
+        start = self._formats.get(model, 0)
+        for index in range(start, len(_FORMATS)):
+            extra = {"response_format": _FORMATS[index]} if _FORMATS[index] else {}
+            try:
+                completion = await client.chat.completions.create(model=model, messages=messages, temperature=0,
+                                                                  **extra)
+            except openai.BadRequestError:
+                if index + 1 < len(_FORMATS):
+                    continue  # this backend does not take that response format: try the next
+                raise
+            self._formats[model] = index
+            text = completion.choices[0].message.content if completion.choices else None
+            confidence, analysis = parse_answer(text)
+            tokens = completion.usage.total_tokens if completion.usage else 0
+            return Answer(confidence, analysis, tokens)
+        return Answer(None, "", 0)
+
+    async def check(self, task: str, turn: int, model: str, confirm_model: str | None, client_key: str,
+                    request: str, window: list[dict]) -> tuple[JudgeCheck, int]:
+        first = await self.ask(model, client_key, request, window)
+        tokens = first.tokens
+        confirm = None
+        if confirm_model and first.confidence is not None and first.confidence >= LOOP_CONFIDENCE:
+            second = await self.ask(confirm_model, client_key, request, window)
+            tokens += second.tokens
+            confirm = second.confidence
+        return JudgeCheck(task, turn, first.confidence, confirm, first.analysis), tokens
