@@ -72,7 +72,7 @@ class ContentTracker:
     """Chanting detector state for one task. Memory is bounded by the window kept."""
 
     __slots__ = ("chunk_size", "threshold", "_keep", "_text", "_base", "_next", "_index", "_line", "_kind",
-                 "_in_code", "_muted")
+                 "_in_code", "_muted", "_gram", "_grams", "_anchors", "_scan")
 
     def __init__(self, chunk_size: int = 50, threshold: int = 10, max_threshold: int | None = None) -> None:
         self.chunk_size = chunk_size
@@ -82,7 +82,11 @@ class ContentTracker:
         self._text = ""
         self._base = 0  # offset of _text[0] in the counted text
         self._next = 0  # offset of the next window to index
-        self._index: dict[str, list[int]] = {}
+        self._index: dict[str, list[int]] = {}  # windows with no anchor: every offset
+        self._gram = max(2, min(16, chunk_size // 2))
+        self._grams: dict[str, list[int]] = {}  # anchor text -> anchor offsets
+        self._anchors: list[tuple[int, str]] = []  # anchors found but not yet indexed, with their text
+        self._scan = 1  # where the search for anchors goes on
         self._line = ""  # the current line while its kind is unknown
         self._kind: int | None = None
         self._in_code = False
@@ -93,6 +97,8 @@ class ContentTracker:
         for name in self.__slots__:
             setattr(other, name, getattr(self, name))
         other._index = {chunk: positions[:] for chunk, positions in self._index.items()}
+        other._grams = {gram: positions[:] for gram, positions in self._grams.items()}
+        other._anchors = list(self._anchors)
         return other
 
     def reset(self) -> None:
@@ -100,6 +106,9 @@ class ContentTracker:
         self._text = ""
         self._base = self._next = 0
         self._index = {}
+        self._grams = {}
+        self._anchors = []
+        self._scan = 1
 
     def end_message(self) -> Chant | None:
         """A message ends its last line; the next message starts unmuted."""
@@ -117,6 +126,16 @@ class ContentTracker:
         """
         if self._muted:
             return None
+        if self._kind is not None and self._kind <= _STRUCTURE and "\n" not in text:
+            found = self._count(text)  # the usual delta: more of a line already known to count
+        else:
+            found = self._feed_lines(text)
+        if found is not None:
+            self.reset()
+            self._muted = True
+        return found
+
+    def _feed_lines(self, text: str) -> Chant | None:
         found = None
         start = 0
         length = len(text)
@@ -125,9 +144,6 @@ class ContentTracker:
             end = length if newline < 0 else newline
             found = self._feed_line_part(text[start:end], complete=newline >= 0)
             start = end + 1
-        if found is not None:
-            self.reset()
-            self._muted = True
         return found
 
     def _feed_line_part(self, part: str, complete: bool) -> Chant | None:
@@ -155,35 +171,96 @@ class ContentTracker:
         return found
 
     def _count(self, text: str) -> Chant | None:
+        """Append counted text and check every window it completes.
+
+        Exact, but sparse: a window can only repeat if the first word start inside it
+        (an anchor: a position after a space) begins the same `_gram`-character text at
+        the same place in every occurrence. So anchors are indexed by that text, and the
+        windows before an anchor are looked at one by one only when the anchor's text has
+        been seen `threshold` times. Windows with no anchor within reach (long runs
+        without spaces) are indexed one by one.
+        """
         if not text:
             return None
         body = self._text
         self._text = ""  # so `body` holds the only reference and += can grow it in place
         body += text
         self._text = body
-        size = self.chunk_size
-        stop = self._base + len(self._text) - size
-        index = self._index
-        base = self._base
+        size, gram, base = self.chunk_size, self._gram, self._base
+        last = base + len(body) - size  # the last window complete now
+        if last < self._next:
+            return None
+        # New anchors (with their text), up to the last one a complete window can reach.
+        reach = last + size - gram
+        scan = self._scan
+        anchors = self._anchors
+        find = body.find
+        while True:
+            space = find(" ", scan - 1 - base, reach - base)
+            if space < 0:
+                break
+            anchors.append((base + space + 1, body[space + 1 : space + 1 + gram]))
+            scan = base + space + 2
+        self._scan = max(scan, reach + 1)
+
+        grams, threshold = self._grams, self.threshold
+        reachable = size - gram
         found = None
         position = self._next
-        while position <= stop:
-            chunk = body[position - base : position - base + size]
-            positions = index.get(chunk)
-            if positions is None:
-                index[chunk] = [position]
-            else:
-                positions.append(position)
-                if len(positions) >= self.threshold:
-                    found = self._chanting(positions)
+        taken = 0  # anchors indexed in this call
+        pending = len(anchors)
+        while position <= last:
+            while taken < pending and anchors[taken][0] <= position:
+                anchor, text_at = anchors[taken]
+                seen = grams.get(text_at)
+                if seen is None:
+                    grams[text_at] = [anchor]
+                else:
+                    seen.append(anchor)
+                taken += 1
+            if taken < pending and anchors[taken][0] <= position + reachable:
+                anchor, text_at = anchors[taken]
+                end = anchor - 1 if anchor - 1 < last else last
+                seen = grams.get(text_at)
+                if seen is not None and len(seen) + 1 >= threshold:
+                    found = self._windows_before(anchor, seen, position, end)
                     if found is not None:
-                        position += 1
                         break
-            position += 1
+                position = end + 1
+            else:
+                found = self._window_without_anchor(position)
+                position += 1
+                if found is not None:
+                    break
+        del anchors[:taken]
         self._next = position
         if len(self._text) > 2 * self._keep:
             self._trim()
         return found
+
+    def _windows_before(self, anchor: int, earlier: list[int], first: int, last: int) -> Chant | None:
+        """Windows first..last, whose first anchor is `anchor`; `earlier` anchors share its text."""
+        body, base, size = self._text, self._base, self.chunk_size
+        for position in range(first, last + 1):
+            shift = anchor - position
+            window = body[position - base : position - base + size]
+            occurrences = [q - shift for q in earlier
+                           if q - shift >= base and body[q - shift - base : q - shift - base + size] == window]
+            if len(occurrences) + 1 >= self.threshold:
+                occurrences.append(position)
+                found = self._chanting(occurrences)
+                if found is not None:
+                    return found
+        return None
+
+    def _window_without_anchor(self, position: int) -> Chant | None:
+        window = self._text[position - self._base : position - self._base + self.chunk_size]
+        positions = self._index.get(window)
+        if positions is None:
+            self._index[window] = [position]
+            return None
+        positions.append(position)
+        return self._chanting(positions) if len(positions) >= self.threshold else None
 
     def _chanting(self, positions: list[int]) -> Chant | None:
         recent = positions[-self.threshold :]
@@ -204,15 +281,18 @@ class ContentTracker:
         self._base += cut
         # Positions before the window are harmless (their span is always too wide to chant), so the
         # index is rebuilt only now and then, to bound its memory.
+        floor = self._base
         if len(self._index) > 4 * self._keep:
-            floor = self._base
             self._index = {
-                chunk: kept
-                for chunk, positions in self._index.items()
-                if (kept := [p for p in positions if p >= floor])
+                chunk: kept for chunk, positions in self._index.items() if (kept := [p for p in positions if p >= floor])
+            }
+        if len(self._grams) > 4 * self._keep:
+            self._grams = {
+                gram: kept for gram, positions in self._grams.items() if (kept := [p for p in positions if p >= floor])
             }
 
     @property
     def state_size(self) -> int:
         """Characters plus index entries held: the memory this tracker uses grows with this."""
-        return len(self._text) + sum(len(p) for p in self._index.values()) + len(self._line)
+        return (len(self._text) + sum(len(p) for p in self._index.values())
+                + sum(len(p) for p in self._grams.values()) + len(self._line))
