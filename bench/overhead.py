@@ -80,16 +80,39 @@ class Timer:
                 raise RuntimeError(f"{url}: HTTP {response.status}")
         return time.perf_counter() - started
 
-    async def stream(self, url: str) -> tuple[float, float]:
+    async def stream(self, url: str, pace_ms: float = 0) -> tuple[float, float]:
         body = orjson.dumps({**orjson.loads(SMALL), "stream": True})
         started = time.perf_counter()
         first = None
         async with self.http.post(url + "/chat/completions", data=body,
-                                  headers={"Content-Type": "application/json"}) as response:
+                                  headers={"Content-Type": "application/json",
+                                           "X-Bench-Pace-Ms": str(pace_ms)}) as response:
             async for _ in response.content.iter_any():
                 if first is None:
                     first = time.perf_counter() - started
         return first or 0.0, time.perf_counter() - started
+
+
+async def writer_throughput(url: str, records: int) -> float:
+    """Records per second through the batched writer into a freshly migrated database."""
+    from proxy.store.database import create_engine, run_migrations
+    from proxy.store.writer import LogWriter, utcnow
+
+    await asyncio.to_thread(run_migrations, url)
+    engine = create_engine(url)
+    writer = LogWriter(engine, capacity=records)
+    run = time.time_ns()
+    for n in range(records):
+        writer.add_detection({
+            "created_at": utcnow(), "session_id": f"s{n % 100}", "tenant": "bench", "task": "t", "model": "m",
+            "type": "tool_call", "action": "warned", "episode": 1, "episode_limit": 2, "turn": 5,
+            "detail": {"tool": "read_file", "arguments": '{"path":"a.py"}'}, "request_id": None,
+            "tokens_saved_estimate": 0, "episode_key": f"bench-{run}-{n}"})
+    started = time.perf_counter()
+    await writer.flush()
+    elapsed = time.perf_counter() - started
+    await engine.dispose()
+    return records / elapsed
 
 
 def pct(values: list[float], q: float) -> float:
@@ -173,19 +196,19 @@ async def run(quick: bool) -> None:
                 samples, rps = await concurrent(timer, url, 32, total)
                 print(f"| {name} | {ms(pct(samples, .5))} | {ms(pct(samples, .99))} | {rps:.0f} |")
 
-            streams = int(300 * scale)
-            print(f"\n## Streaming, 200 chunks ({streams} streams each, interleaved)\n")
-            results: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
-            for _ in range(streams):
-                for name, url in targets.items():
-                    results[name].append(await timer.stream(url))
-            print("| target | first chunk p50 ms | total p50 ms | total vs direct |\n|---|---|---|---|")
-            direct_total = statistics.median(t for _, t in results["direct"])
-            for name in targets:
-                first = statistics.median(f for f, _ in results[name])
-                whole = statistics.median(t for _, t in results[name])
-                print(f"| {name} | {ms(first)} | {ms(whole)} | {whole / direct_total:.3f}x |")
-
+            for pace, streams in ((0, int(300 * scale)), (5, max(4, int(20 * scale)))):
+                what = "as fast as the upstream can write" if not pace else f"one chunk every {pace} ms"
+                print(f"\n## Streaming, 200 chunks, {what} ({streams} streams each, interleaved)\n")
+                results: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
+                for _ in range(streams):
+                    for name, url in targets.items():
+                        results[name].append(await timer.stream(url, pace))
+                print("| target | first chunk p50 ms | total p50 ms | total vs direct |\n|---|---|---|---|")
+                direct_total = statistics.median(t for _, t in results["direct"])
+                for name in targets:
+                    first = statistics.median(f for f, _ in results[name])
+                    whole = statistics.median(t for _, t in results[name])
+                    print(f"| {name} | {ms(first)} | {ms(whole)} | {whole / direct_total:.3f}x |")
             print("\n## Detection on a 200-message conversation with tool calls\n")
             bodies = [orjson.dumps({"model": "bench", "messages": conversation(n)}) for n in range(160, 201, 2)]
             rounds = int(1000 * scale)
@@ -209,14 +232,29 @@ async def run(quick: bool) -> None:
             print(f"\ndetection on adds {on / off:.2f}x the added latency of plain forwarding\n")
 
             count = int(10_000 * scale)
-            print(f"## The log: {count} requests that each log a detection, vs the same requests already logged\n")
-            looping = conversation(12, looping=True)
-            body = orjson.dumps({"model": "bench", "messages": looping})
-            logged = [await timer.once(lw, body, {"X-Loopwarden-Session": f"log-{i}"}) for i in range(count)]
-            repeat = [await timer.once(lw, body, {"X-Loopwarden-Session": "log-0"}) for _ in range(count)]
+            print(f"## The log: {count} requests that each log a new detection, vs {count} that log nothing\n")
+            print("Both sets are new sessions with a 12-message conversation, so both are analysed from "
+                  "scratch; only the first set loops (one warning each, written to the log).\n")
+            looping = orjson.dumps({"model": "bench", "messages": conversation(12, looping=True)})
+            calm = orjson.dumps({"model": "bench", "messages": conversation(12)})
+            logged, quiet = [], []
+            for i in range(count):
+                logged.append(await timer.once(lw, looping, {"X-Loopwarden-Session": f"log-{i}"}))
+                quiet.append(await timer.once(lw, calm, {"X-Loopwarden-Session": f"calm-{i}"}))
             print("| case | p50 ms | p99 ms |\n|---|---|---|")
-            print(f"| each request logs a new detection | {ms(pct(logged, .5))} | {ms(pct(logged, .99))} |")
-            print(f"| detections already logged (no write) | {ms(pct(repeat, .5))} | {ms(pct(repeat, .99))} |")
+            print(f"| each request logs a detection | {ms(pct(logged, .5))} | {ms(pct(logged, .99))} |")
+            print(f"| no detection, nothing logged | {ms(pct(quiet, .5))} | {ms(pct(quiet, .99))} |")
+            await asyncio.sleep(1.0)  # the writer flushes every quarter second
+            async with http.get(lw.replace("/v1", "/loopwarden/api/stats")) as response:
+                stats = await response.json()
+            print(f"\ndetections in the log afterwards: {stats['detections']}")
+            print(f"\n## Writer throughput\n\n| database | records/s |\n|---|---|")
+            for name, url in (("SQLite", f"sqlite+aiosqlite:///{tmp}/writer.db"),
+                              ("PostgreSQL", os.environ.get("LOOPWARDEN_BENCH_POSTGRES_URL"))):
+                if not url:
+                    print(f"| {name} | not measured (set LOOPWARDEN_BENCH_POSTGRES_URL) |")
+                    continue
+                print(f"| {name} | {await writer_throughput(url, int(20_000 * scale)):.0f} |")
     finally:
         for process in processes:
             process.terminate()

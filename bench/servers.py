@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 
@@ -35,9 +36,12 @@ async def upstream_chat(request: web.Request) -> web.StreamResponse:
     body = await request.read()
     if b'"stream":true' not in body.replace(b" ", b""):
         return web.Response(body=_completion(), content_type="application/json")
+    pace = float(request.headers.get("X-Bench-Pace-Ms", "0")) / 1000  # seconds between chunks
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     for i in range(STREAM_CHUNKS):
+        if pace:
+            await asyncio.sleep(pace)
         await response.write(_chunk(i))
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
@@ -61,7 +65,9 @@ def relay_app(upstream: str) -> web.Application:
 
     async def relay(request: web.Request) -> web.StreamResponse:
         async with request.app["client"].post(upstream + "/chat/completions", data=await request.read(),
-                                              headers={"Content-Type": "application/json"}) as up:
+                                              headers={"Content-Type": "application/json",
+                                                       **{k: v for k, v in request.headers.items()
+                                                          if k.lower() == "x-bench-pace-ms"}}) as up:
             response = web.StreamResponse(status=up.status, headers={"Content-Type": up.headers["Content-Type"]})
             await response.prepare(request)
             async for chunk in up.content.iter_any():
