@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import Sequence
 
-from proxy.config import ConfigError, Settings, build
+from proxy.config import FIELDS, ConfigError, Settings, build, flag_name
 
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1
@@ -26,33 +26,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _settings_flags(parser: argparse.ArgumentParser, *, server: bool) -> None:
+    """One flag per setting for `serve`; the query commands need only where the database is."""
     parser.add_argument("--config", help="TOML file with settings")
-    parser.add_argument("--database-url", dest="database_url")
-    if server:
-        parser.add_argument("--host")
-        parser.add_argument("--port")
-        parser.add_argument("--upstream", dest="upstream_url")
-        parser.add_argument("--upstream-api-key", dest="upstream_api_key")
-        parser.add_argument("--admin-token", dest="admin_token")
-        parser.add_argument("--preset")
-        parser.add_argument("--max-warnings", dest="max_warnings")
-        parser.add_argument("--tool-call-threshold", dest="tool_call_threshold")
-        parser.add_argument("--content-chunk-size", dest="content_chunk_size")
-        parser.add_argument("--content-loop-threshold", dest="content_loop_threshold")
-        parser.add_argument("--dynamic-thresholds", dest="dynamic_thresholds")
-        parser.add_argument("--whitelisted-tools", dest="whitelisted_tools")
-        parser.add_argument("--llm-check", dest="llm_check")
-        parser.add_argument("--llm-check-after-turns", dest="llm_check_after_turns")
-        parser.add_argument("--judge-url", dest="judge_url")
-        parser.add_argument("--judge-model", dest="judge_model")
-        parser.add_argument("--judge-api-key", dest="judge_api_key")
-        parser.add_argument("--judge-confirm-model", dest="judge_confirm_model")
-        parser.add_argument("--warning-role", dest="warning_role")
-        parser.add_argument("--max-body-bytes", dest="max_body_bytes")
-        parser.add_argument("--upstream-connect-timeout", dest="upstream_connect_timeout")
-        parser.add_argument("--upstream-read-timeout", dest="upstream_read_timeout")
-        parser.add_argument("--shutdown-grace", dest="shutdown_grace")
-        parser.add_argument("--log-level", dest="log_level")
+    for setting in FIELDS if server else ("database_url",):
+        parser.add_argument(flag_name(setting), dest=setting, metavar=setting.upper())
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -95,8 +72,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _flag_values(args: argparse.Namespace) -> dict:
-    from proxy.config import FIELDS
-
     values = {name: getattr(args, name) for name in FIELDS if getattr(args, name, None) is not None}
     if getattr(args, "config", None):
         values["config"] = args.config

@@ -127,6 +127,11 @@ def _label(name: str) -> str:
     return f"{ENV_PREFIX}{name.upper()}"
 
 
+def flag_name(name: str) -> str:
+    """The command-line flag of a setting."""
+    return "--upstream" if name == "upstream_url" else f"--{name.replace('_', '-')}"
+
+
 def load_file(path: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as handle:
@@ -158,7 +163,7 @@ def build(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | N
     sources = (
         (file_values, lambda name: f"{name} in {config_path}"),
         (env_values, _label),
-        (flags, lambda name: "--upstream" if name == "upstream_url" else f"--{name.replace('_', '-')}"),
+        (flags, flag_name),
     )
     for values, label in sources:
         for name, raw in values.items():

@@ -10,11 +10,17 @@ import uuid
 
 import pytest
 from aiohttp import web
+from hypothesis import settings as hypothesis_settings
 
 from proxy.config import build
 from proxy.server.app import create_app
 from proxy.store.database import run_migrations
 from tests.fake_upstream import FakeUpstream
+
+
+# Properties are about results, not speed: a busy machine must not fail them on time.
+hypothesis_settings.register_profile("loopwarden", deadline=None)
+hypothesis_settings.load_profile("loopwarden")
 
 
 @pytest.fixture

@@ -1,0 +1,40 @@
+"""`loopwarden serve` as a process: it migrates, serves, and lets streams finish when stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+
+import openai
+
+from tests.fake_upstream import Turn
+from tests.test_log_api import _serve
+
+
+async def test_sigterm_lets_a_stream_in_flight_finish(upstream, tmp_path):
+    database = tmp_path / "serve.db"
+    process, port = await _serve(f"sqlite+aiosqlite:///{database}", upstream.url)
+    try:
+        text = "".join(f"Part {i} of a long, slow answer. " for i in range(60))
+        upstream.script.append(Turn(content=text, chunk_chars=20, delay=0.02))
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-x", max_retries=0)
+        stream = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}],
+                                                      stream=True)
+        received = []
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                if not received:
+                    process.send_signal(signal.SIGTERM)  # stop while the answer is still streaming
+                received.append(chunk.choices[0].delta.content)
+        assert "".join(received) == text
+        await client.close()
+        await asyncio.to_thread(process.wait, 30)
+        assert process.returncode == 0
+        # `serve` applied the migrations itself.
+        tables = {row[0] for row in sqlite3.connect(database).execute("SELECT name FROM sqlite_master")}
+        assert {"detections", "sessions", "judge_checks"} <= tables
+    finally:
+        if process.returncode is None:
+            process.kill()
+            process.wait()
