@@ -29,7 +29,7 @@ async def test_sigterm_lets_a_stream_in_flight_finish(upstream, tmp_path):
                 received.append(chunk.choices[0].delta.content)
         assert "".join(received) == text
         await client.close()
-        await asyncio.to_thread(process.wait, 30)
+        await asyncio.to_thread(process.communicate, timeout=30)
         assert process.returncode == 0
         # `serve` applied the migrations itself.
         tables = {row[0] for row in sqlite3.connect(database).execute("SELECT name FROM sqlite_master")}
@@ -37,4 +37,4 @@ async def test_sigterm_lets_a_stream_in_flight_finish(upstream, tmp_path):
     finally:
         if process.returncode is None:
             process.kill()
-            process.wait()
+        process.communicate()

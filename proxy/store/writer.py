@@ -74,7 +74,8 @@ class LogWriter:
                 "model": func.coalesce(upsert.excluded.model, SessionRow.model),
             },
         )
-        self._flushing = asyncio.Lock()  # the background task and an operator's call may both flush
+        self._flushing = asyncio.Lock()
+        self._in_flight = 0  # the background task and an operator's call may both flush
 
     # -- the request path: synchronous, O(1), never raises ------------------------------------------------
 
@@ -113,7 +114,8 @@ class LogWriter:
 
     @property
     def pending(self) -> int:
-        return len(self._rows) + len(self._sessions)
+        """Records not written yet, counting a batch on its way to the database."""
+        return len(self._rows) + len(self._sessions) + self._in_flight
 
     # -- the background task --------------------------------------------------------------------------------
 
@@ -171,6 +173,7 @@ class LogWriter:
         sessions = [(key, self._sessions.pop(key)) for key in keys]
         if not rows and not sessions:
             return False
+        self._in_flight = len(rows) + len(sessions)
         try:
             async with self.engine.begin() as connection:
                 detections = [r["values"] for r in rows if r["table"] is Detection]
@@ -188,6 +191,8 @@ class LogWriter:
         except BaseException:
             self._restore(rows, sessions)
             raise
+        finally:
+            self._in_flight = 0
         self.written += len(rows)
         return len(rows) == BATCH or len(sessions) == BATCH
 
