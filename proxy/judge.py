@@ -56,6 +56,7 @@ _SCHEMA = {
 _FORMATS = (_SCHEMA, {"type": "json_object"}, None)  # tried in turn on backends that refuse one
 _OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 _MESSAGE_CHARS = 1500
+MAX_CLIENTS = 64
 
 
 @dataclass(frozen=True)
@@ -108,17 +109,25 @@ class Judge:
         self.timeout = timeout
         self._limit = asyncio.Semaphore(concurrency)
         self._clients: dict[str, openai.AsyncOpenAI] = {}
+        self._closing: set[asyncio.Task] = set()
         self._formats: dict[str, int] = {}  # per model: the first response format it accepted
 
     def _client(self, key: str) -> openai.AsyncOpenAI:
-        client = self._clients.get(key)
+        """One client (and connection pool) per key in use, the least recently used closed past a bound."""
+        client = self._clients.pop(key, None)
         if client is None:
             client = openai.AsyncOpenAI(base_url=self.base_url, api_key=key or "none", max_retries=0,
                                         timeout=self.timeout, default_headers={JUDGE_HEADER: "1"})
-            self._clients[key] = client
+        self._clients[key] = client  # most recent last
+        if len(self._clients) > MAX_CLIENTS:
+            oldest = next(iter(self._clients))
+            task = asyncio.get_running_loop().create_task(self._clients.pop(oldest).close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
         return client
 
     async def close(self) -> None:
+        await asyncio.gather(*self._closing, return_exceptions=True)
         for client in self._clients.values():
             await client.close()
         self._clients.clear()

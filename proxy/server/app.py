@@ -119,7 +119,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         except orjson.JSONDecodeError:
             return json_error(502, "upstream answered with a body that is not JSON", "upstream_error",
                               "upstream_invalid_response")
-        exchange.on_complete(answer)
+        # The answer goes out first; the engine reads it on the loop's next turn.
+        asyncio.get_running_loop().call_soon(exchange.on_complete, answer)
         return web.Response(status=200, body=body, headers=response_headers)
 
 

@@ -10,6 +10,7 @@ log writer without waiting.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
@@ -56,6 +57,7 @@ def client_key(request: web.Request) -> str:
     return request.headers.get("api-key", "").strip()
 
 
+@functools.lru_cache(maxsize=4096)
 def tenant_of(key: str) -> str:
     """A short, one-way name for a client key: the key itself is never stored or logged."""
     return hashlib.sha256(key.encode()).hexdigest()[:16]
