@@ -248,7 +248,7 @@ async def run(quick: bool) -> None:
             async with http.get(lw.replace("/v1", "/loopwarden/api/stats")) as response:
                 stats = await response.json()
             print(f"\ndetections in the log afterwards: {stats['detections']}")
-            print(f"\n## Writer throughput\n\n| database | records/s |\n|---|---|")
+            print("\n## Writer throughput\n\n| database | records/s |\n|---|---|")
             for name, url in (("SQLite", f"sqlite+aiosqlite:///{tmp}/writer.db"),
                               ("PostgreSQL", os.environ.get("LOOPWARDEN_BENCH_POSTGRES_URL"))):
                 if not url:
