@@ -38,7 +38,7 @@ from proxy.judge import JUDGE_HEADER, Judge
 from proxy.server.upstream import json_error
 from proxy.store.writer import SessionSeen, utcnow
 from proxy.wire.chat import ChatStreamAssembler, message_text, response_message
-from proxy.wire.errors import error_payload, sse_error_event
+from proxy.wire.errors import sse_error_event
 from proxy.wire.sse import SSEParser, complete_events_end
 
 log = logging.getLogger("loopwarden.guard")
@@ -258,8 +258,7 @@ class Guard:
             self.log_episode(context, episode, "stopped" if episode.is_stop else "warned", None, saved)
         if stop is not None:
             exchange = Exchange(raw, headers)
-            body = error_payload(stop_text(stop), "loop_detected", "loop_detected")
-            exchange.stop = json_error(400, body["error"]["message"], "loop_detected", "loop_detected",
+            exchange.stop = json_error(400, stop_text(stop), "loop_detected", "loop_detected",
                                        headers={**headers, "X-Loopwarden-Loop": stop.type,
                                                 "x-should-retry": "false"})
             return exchange

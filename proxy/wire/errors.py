@@ -5,12 +5,8 @@ from __future__ import annotations
 import orjson
 
 
-def error_payload(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
 def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> bytes:
-    return orjson.dumps(error_payload(message, type_, code, param))
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
 
 
 def sse_error_event(message: str, type_: str, code: str | None = None) -> bytes:
