@@ -10,10 +10,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN useradd --create-home --uid 10001 loopwarden && mkdir /data && chown loopwarden /data
 
 WORKDIR /app
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml setup.py README.md alembic.ini ./
 COPY proxy ./proxy
 COPY migrations ./migrations
-RUN pip install --no-cache-dir -e .
+# The content layer is compiled: gcc is needed for the install and removed after it.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install --no-cache-dir -e . \
+    && apt-get purge -y --auto-remove gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 
 USER loopwarden
 WORKDIR /data

@@ -9,7 +9,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
+# The content layer is compiled (Cython), so its source is part of the install too.
+$(STAMP): $(BIN)/python pyproject.toml setup.py proxy/detect/content.pyx
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
@@ -27,4 +28,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/detect.py
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache build proxy/detect/content.c proxy/detect/*.so

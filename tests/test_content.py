@@ -204,3 +204,89 @@ def test_memory_is_bounded_whatever_the_length():
     for _ in range(2000):
         tracker.feed("".join(rng.choice(string.ascii_lowercase + " ") for _ in range(100)) + "\n")
     assert tracker.state_size < 10 * 2 * 2300
+
+
+# The index against the rule written out by brute force.
+
+def brute_force_chant(text: str, size: int, threshold: int) -> tuple[int, str] | None:
+    """The first window (in order) whose last `threshold` occurrences chant, found by rescanning."""
+    for p in range(len(text) - size + 1):
+        window = text[p:p + size]
+        occurrences = [q for q in range(p + 1) if text[q:q + size] == window]
+        if len(occurrences) < threshold:
+            continue
+        recent = occurrences[-threshold:]
+        if recent[-1] - recent[0] > size * 5 * (threshold - 1):
+            continue
+        if len({text[a:b] for a, b in zip(recent, recent[1:])}) > threshold // 2:
+            continue
+        gap = text[recent[-2]:recent[-1]]
+        return p + size - 1, gap if len(gap) >= size else window
+    return None
+
+
+@given(st.text(alphabet="ab ", min_size=1, max_size=400), st.sampled_from([(4, 3), (6, 4), (3, 5), (8, 2)]),
+       st.integers(min_value=1, max_value=9))
+@settings(max_examples=400, deadline=None)
+def test_index_agrees_with_brute_force(body, size_and_threshold, step):
+    # Prose only ("a" first, no newline), so every character is counted; short windows and
+    # small thresholds make repeats common and push the text through several trims.
+    size, threshold = size_and_threshold
+    text = "a" + body
+    tracker = ContentTracker(chunk_size=size, threshold=threshold)
+    found_at, found = None, None
+    for start in range(0, len(text), step):
+        found = tracker.feed(text[start:start + step])
+        if found is not None:
+            found_at = start
+            break
+    expected = brute_force_chant(text, size, threshold)
+    if expected is None:
+        assert found is None
+    else:
+        end, repeated = expected
+        assert found is not None and found_at <= end < found_at + step
+        assert found.repeated == repeated
+
+
+def test_chant_is_found_far_into_a_long_run_of_prose():
+    rng = random.Random(5)
+    words = ["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9))) for _ in range(4000)]
+    calm = " ".join(words)  # 20k+ characters with no structure: the kept text is trimmed many times
+    tracker = ContentTracker()
+    assert all(tracker.feed(calm[i:i + 3]) is None for i in range(0, len(calm), 3))
+    found = first_chant([SENTENCE] * 12, tracker)
+    assert found == 9
+    assert tracker.state_size == 0  # the chant restarted the tracking
+
+
+def test_a_clone_goes_its_own_way():
+    tracker = ContentTracker()
+    first_chant([SENTENCE] * 6, tracker)
+    twin = tracker.clone()
+    assert first_chant([SENTENCE] * 4, twin) == 3
+    # The original never saw the twin's four: it needs four of its own.
+    assert first_chant([SENTENCE] * 3, tracker) is None
+    assert first_chant([SENTENCE], tracker) == 0
+
+
+def test_characters_beyond_latin_are_compared_exactly():
+    line = "同じ文を何度も繰り返しています。もう一度試します 🙂🔁 "
+    assert first_chant([line] * 3 + [line.replace("🙂", "🙃")] * 7) is None
+    found = None
+    tracker = ContentTracker()
+    for _ in range(30):
+        found = found or tracker.feed(line)
+    assert found is not None and line.strip() in found.repeated + found.repeated
+
+
+def test_threshold_can_change_between_messages():
+    tracker = ContentTracker(threshold=10, max_threshold=14)
+    tracker.threshold = 14
+    assert first_chant([SENTENCE] * 13, tracker) is None
+    assert first_chant([SENTENCE], tracker) == 0
+
+
+def test_chunk_size_must_be_positive():
+    with pytest.raises(ValueError):
+        ContentTracker(chunk_size=0)

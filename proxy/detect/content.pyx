@@ -1,0 +1,405 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The content layer: chanting, judged line by line so the verdict never depends on delta splits.
+
+Every line is classified from its own characters (never from how a delta
+happened to start): a fence toggles code and is not counted, code is not
+counted, a divider resets and is not counted, a list item, heading, quote or
+table row resets and is counted, prose is counted. Counted text is indexed at
+every offset in CONTENT_CHUNK_SIZE windows; a window that recurs
+CONTENT_LOOP_THRESHOLD times close together with few distinct gaps is chanting.
+
+This module is compiled (Cython) because a stream arrives a token at a time: the
+index costs a few nanoseconds per character here. Each window gets a rolling
+hash, and is linked to the previous window with the same text (compared in full,
+so the verdict is exact whatever the hash does). A window's run of identical
+predecessors is counted as it is indexed, so the chanting rule is only evaluated
+for a window already seen `threshold` times.
+"""
+
+import os
+import re
+from collections import namedtuple
+
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.unicode cimport PyUnicode_4BYTE_KIND, PyUnicode_FromKindAndData
+from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.string cimport memcmp, memcpy, memmove
+
+cdef extern from *:
+    """
+    /* Multiplication modulo the Mersenne prime 2^61 - 1. */
+    static inline unsigned long long lw_mulmod(unsigned long long a, unsigned long long b) {
+        unsigned __int128 x = (unsigned __int128)a * b;
+        unsigned long long r = (unsigned long long)(x & 0x1FFFFFFFFFFFFFFFULL) + (unsigned long long)(x >> 61);
+        return r >= 0x1FFFFFFFFFFFFFFFULL ? r - 0x1FFFFFFFFFFFFFFFULL : r;
+    }
+    """
+    uint64_t lw_mulmod(uint64_t a, uint64_t b) noexcept nogil
+
+# How far apart the occurrences may be on average, in chunk sizes, and how many
+# characters a line may hold before it is classified no matter what follows.
+GAP_CHUNKS = 5
+CLASSIFY_WITHIN = 256
+
+Chant = namedtuple("Chant", "repeated occurrences")
+Chant.__doc__ = "The text that repeats (one period, or the chunk) and how often its window occurs in the text kept."
+
+cdef enum:
+    UNKNOWN = -1
+    PROSE = 0
+    STRUCTURE = 1
+    DIVIDER = 2
+    FENCE = 3
+    CODE = 4
+
+cdef uint64_t MODULUS = (1ULL << 61) - 1
+# A base drawn per process: the verdict never depends on it (windows are compared in
+# full), but text crafted to collide cannot slow the index down.
+cdef uint64_t BASE = (1ULL << 20) + int.from_bytes(os.urandom(8), "little") % (MODULUS - (1ULL << 21))
+cdef Py_ssize_t INITIAL_CAPACITY = 256
+
+_DIVIDER_CHARS = frozenset("-_=*~+") | frozenset(chr(c) for c in range(0x2500, 0x2580))
+_LIST_NUMBER = re.compile(r"\d{1,9}[.)]")
+_HEADING = re.compile(r"#{1,6}(?:[ \t]|$)")
+
+
+cdef int _classify(str line, bint complete, bint in_code) except -2:
+    """The kind of a line from its start; UNKNOWN while its start is still ambiguous."""
+    if not complete and len(line) >= CLASSIFY_WITHIN:
+        complete = True
+    s = line.lstrip(" \t")
+    if s.startswith(("```", "~~~")):
+        return FENCE
+    if not complete and s in ("", "`", "``", "~", "~~"):
+        return UNKNOWN
+    if in_code:
+        return CODE
+    if not s:
+        return PROSE
+    first = s[0]
+    if first in "|>":
+        return STRUCTURE
+    if first == "#":
+        if _HEADING.match(s):
+            return STRUCTURE
+        return UNKNOWN if not complete and s == "#" * len(s) and len(s) <= 6 else PROSE
+    if first in "-*+" and len(s) > 1 and s[1] in " \t":
+        return STRUCTURE
+    if first.isdigit():
+        number = _LIST_NUMBER.match(s)
+        if number and len(s) > number.end():
+            return STRUCTURE if s[number.end()] in " \t" else PROSE
+        if not complete and (number or s.isdigit()):
+            return UNKNOWN
+        return PROSE
+    if first in _DIVIDER_CHARS:
+        body = s.rstrip(" \t")
+        if all(c in _DIVIDER_CHARS or c in " \t" for c in body):
+            if not complete:
+                return UNKNOWN
+            return DIVIDER if sum(c in _DIVIDER_CHARS for c in body) >= 3 else PROSE
+    return PROSE
+
+
+cdef class ContentTracker:
+    """Chanting detector state for one task. Memory is bounded by the window kept."""
+
+    cdef readonly int chunk_size
+    cdef public int threshold
+    cdef int max_threshold
+    cdef Py_ssize_t keep  # characters kept after a trim: the widest allowed span of occurrences
+    cdef uint64_t base_power  # BASE ** chunk_size, to drop a character from the rolling hash
+    # The counted text kept, from absolute offset `base`. Arrays below are indexed like
+    # `chars`, by a window's first character: the window's hash, the previous window in
+    # its hash bucket, the previous window with the same text, and how many such
+    # identical windows there have been in a row. Absolute offsets below `base` are gone.
+    cdef Py_UCS4 *chars
+    cdef uint64_t *hashes
+    cdef int64_t *bucket_prev
+    cdef int64_t *same_prev
+    cdef int32_t *runs
+    cdef Py_ssize_t length, capacity
+    cdef int64_t base
+    cdef uint64_t rolling  # hash of the last chunk_size characters
+    cdef int64_t *heads  # hash bucket -> its latest window
+    cdef Py_ssize_t head_mask
+    # Line state.
+    cdef str line  # the current line while its kind is unknown
+    cdef int kind
+    cdef bint in_code
+    cdef bint muted  # the rest of a message that already chanted is not counted again
+
+    def __cinit__(self):
+        self.chars = NULL
+        self.hashes = NULL
+        self.bucket_prev = NULL
+        self.same_prev = NULL
+        self.runs = NULL
+        self.heads = NULL
+
+    def __init__(self, int chunk_size=50, int threshold=10, max_threshold=None):
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be at least 1")
+        self.chunk_size = chunk_size
+        self.threshold = threshold
+        self.max_threshold = max(threshold, max_threshold or 0)
+        # Enough text to hold the last `threshold` occurrences at the widest allowed spacing.
+        self.keep = chunk_size * GAP_CHUNKS * (max(self.max_threshold, 2) - 1) + chunk_size
+        self.base_power = 1
+        for _ in range(chunk_size):
+            self.base_power = lw_mulmod(self.base_power, BASE)
+        self.line = ""
+        self.kind = UNKNOWN
+
+    def __dealloc__(self):
+        self._release()
+
+    cdef void _release(self) noexcept:
+        PyMem_Free(self.chars)
+        PyMem_Free(self.hashes)
+        PyMem_Free(self.bucket_prev)
+        PyMem_Free(self.same_prev)
+        PyMem_Free(self.runs)
+        PyMem_Free(self.heads)
+        self.chars = NULL
+        self.hashes = NULL
+        self.bucket_prev = NULL
+        self.same_prev = NULL
+        self.runs = NULL
+        self.heads = NULL
+        self.capacity = 0
+        self.head_mask = 0
+
+    def clone(self):
+        cdef ContentTracker other = ContentTracker(self.chunk_size, self.threshold, self.max_threshold)
+        other.line, other.kind, other.in_code, other.muted = self.line, self.kind, self.in_code, self.muted
+        other.base, other.rolling = self.base, self.rolling
+        if self.length:
+            other._allocate(self.capacity)
+            memcpy(other.chars, self.chars, self.length * sizeof(Py_UCS4))
+            memcpy(other.hashes, self.hashes, self.length * sizeof(uint64_t))
+            memcpy(other.bucket_prev, self.bucket_prev, self.length * sizeof(int64_t))
+            memcpy(other.same_prev, self.same_prev, self.length * sizeof(int64_t))
+            memcpy(other.runs, self.runs, self.length * sizeof(int32_t))
+            memcpy(other.heads, self.heads, (self.head_mask + 1) * sizeof(int64_t))
+            other.length = self.length
+        return other
+
+    def reset(self):
+        """Start the tracking afresh (a structural line or a tool call)."""
+        # Offsets go on rising, so everything indexed so far falls below `base`.
+        self.base += self.length
+        self.length = 0
+        self.rolling = 0
+        if self.capacity > INITIAL_CAPACITY:
+            self._release()  # a long run's memory is not held by an idle session
+
+    def end_message(self):
+        """A message ends its last line; the next message starts unmuted."""
+        found = self.feed("\n") if (self.line or self.kind != UNKNOWN) else None
+        self.muted = False
+        self.line = ""
+        self.kind = UNKNOWN
+        return found
+
+    def feed(self, str text):
+        """Take the next piece of streamed text; return the Chant it completes, if any.
+
+        After a chant the tracking starts afresh and the rest of that message is
+        ignored: one message completes at most one episode.
+        """
+        if self.muted or not text:
+            return None
+        if PROSE <= self.kind <= STRUCTURE and text.find("\n") < 0:
+            found = self._count(text)  # the usual delta: more of a line already known to count
+        else:
+            found = self._feed_lines(text)
+        if found is not None:
+            self.reset()
+            self.muted = True
+        return found
+
+    cdef object _feed_lines(self, str text):
+        found = None
+        cdef Py_ssize_t start = 0, end, newline, length = len(text)
+        while start < length and found is None:
+            newline = text.find("\n", start)
+            end = length if newline < 0 else newline
+            found = self._feed_line_part(text[start:end], newline >= 0)
+            start = end + 1
+        return found
+
+    cdef object _feed_line_part(self, str part, bint complete):
+        found = None
+        if self.kind == UNKNOWN:
+            self.line += part
+            kind = _classify(self.line, complete, self.in_code)
+            if kind == UNKNOWN:
+                return None
+            self.kind = kind
+            if kind == FENCE:
+                self.in_code = not self.in_code
+            if kind in (STRUCTURE, DIVIDER, FENCE):
+                self.reset()
+            if kind in (PROSE, STRUCTURE):
+                found = self._count(self.line)
+            self.line = ""
+        elif self.kind in (PROSE, STRUCTURE):
+            found = self._count(part)
+        if complete:
+            if found is None and self.kind in (PROSE, STRUCTURE):
+                found = self._count("\n")
+            self.kind = UNKNOWN
+            self.line = ""
+        return found
+
+    cdef object _count(self, str text):
+        """Append counted text, indexing and checking every window it completes."""
+        cdef Py_UCS4 c
+        cdef Py_ssize_t window
+        for c in text:
+            window = self._append(c)
+            if window >= 0:
+                found = self._chanting(window)
+                if found is not None:
+                    return found
+        return None
+
+    cdef inline Py_ssize_t _append(self, Py_UCS4 c) except -2:
+        """Add one character; the index of the window it completes if that window has been
+        seen `threshold` times in a row, else -1."""
+        cdef Py_ssize_t size = self.chunk_size, w, i
+        cdef uint64_t h, leaving
+        cdef int64_t position, q, same
+        cdef Py_ssize_t bucket
+        if self.length == self.capacity:
+            self._make_room()
+        self.chars[self.length] = c
+        self.length += 1
+        leaving = <uint64_t>self.chars[self.length - 1 - size] if self.length > size else 0
+        h = lw_mulmod(self.rolling, BASE) + <uint64_t>c + (MODULUS - lw_mulmod(leaving, self.base_power))
+        while h >= MODULUS:
+            h -= MODULUS
+        self.rolling = h
+        w = self.length - size
+        if w < 0:
+            return -1
+        position = self.base + w
+        bucket = h & self.head_mask
+        same = -1
+        q = self.heads[bucket]
+        while q >= self.base:
+            i = q - self.base
+            if self.hashes[i] == h and memcmp(self.chars + i, self.chars + w, size * sizeof(Py_UCS4)) == 0:
+                same = q
+                break
+            q = self.bucket_prev[i]
+        self.hashes[w] = h
+        self.bucket_prev[w] = self.heads[bucket]
+        self.heads[bucket] = position
+        self.same_prev[w] = same
+        self.runs[w] = 1 if same < 0 else min(self.runs[same - self.base], 1 << 30) + 1
+        return w if self.runs[w] >= self.threshold else -1
+
+    cdef int _make_room(self) except -1:
+        """Grow the arrays up to twice the text kept; after that, drop the oldest text."""
+        cdef Py_ssize_t cut, most = 2 * self.keep
+        if self.capacity < most:
+            self._allocate(min(max(INITIAL_CAPACITY, 2 * self.capacity), most))
+            return 0
+        cut = self.length - self.keep
+        memmove(self.chars, self.chars + cut, self.keep * sizeof(Py_UCS4))
+        memmove(self.hashes, self.hashes + cut, self.keep * sizeof(uint64_t))
+        memmove(self.bucket_prev, self.bucket_prev + cut, self.keep * sizeof(int64_t))
+        memmove(self.same_prev, self.same_prev + cut, self.keep * sizeof(int64_t))
+        memmove(self.runs, self.runs + cut, self.keep * sizeof(int32_t))
+        self.base += cut
+        self.length = self.keep
+        return 0
+
+    cdef int _allocate(self, Py_ssize_t capacity) except -1:
+        """Resize the arrays to `capacity` and the hash buckets to match (rebuilt if resized)."""
+        cdef Py_ssize_t buckets = 1, w, bucket
+        cdef void *grown
+        grown = PyMem_Realloc(self.chars, capacity * sizeof(Py_UCS4))
+        if grown == NULL:
+            raise MemoryError()
+        self.chars = <Py_UCS4 *>grown
+        grown = PyMem_Realloc(self.hashes, capacity * sizeof(uint64_t))
+        if grown == NULL:
+            raise MemoryError()
+        self.hashes = <uint64_t *>grown
+        grown = PyMem_Realloc(self.bucket_prev, capacity * sizeof(int64_t))
+        if grown == NULL:
+            raise MemoryError()
+        self.bucket_prev = <int64_t *>grown
+        grown = PyMem_Realloc(self.same_prev, capacity * sizeof(int64_t))
+        if grown == NULL:
+            raise MemoryError()
+        self.same_prev = <int64_t *>grown
+        grown = PyMem_Realloc(self.runs, capacity * sizeof(int32_t))
+        if grown == NULL:
+            raise MemoryError()
+        self.runs = <int32_t *>grown
+        self.capacity = capacity
+        while buckets < capacity:
+            buckets *= 2
+        if buckets == self.head_mask + 1 and self.heads != NULL:
+            return 0
+        PyMem_Free(self.heads)
+        self.heads = <int64_t *>PyMem_Malloc(buckets * sizeof(int64_t))
+        if self.heads == NULL:
+            raise MemoryError()
+        self.head_mask = buckets - 1
+        for bucket in range(buckets):
+            self.heads[bucket] = -1
+        for w in range(self.length - self.chunk_size + 1):
+            bucket = self.hashes[w] & self.head_mask
+            self.bucket_prev[w] = self.heads[bucket]
+            self.heads[bucket] = self.base + w
+        return 0
+
+    cdef object _chanting(self, Py_ssize_t w):
+        """The rule for window `w`, seen `threshold` times in a row: close together, few distinct gaps."""
+        cdef Py_ssize_t t = max(self.threshold, 2), k, j, distinct, gap, start
+        cdef int64_t *recent = <int64_t *>PyMem_Malloc(t * sizeof(int64_t))
+        cdef int64_t q
+        if recent == NULL:
+            raise MemoryError()
+        try:
+            recent[t - 1] = self.base + w
+            for k in range(t - 2, -1, -1):
+                recent[k] = self.same_prev[recent[k + 1] - self.base]
+                if recent[k] < self.base:
+                    return None  # the earlier occurrences are further back than any chant spans
+            if recent[t - 1] - recent[0] > self.chunk_size * GAP_CHUNKS * (t - 1):
+                return None
+            distinct = 0
+            for k in range(t - 1):
+                gap = recent[k + 1] - recent[k]
+                for j in range(k):
+                    if recent[j + 1] - recent[j] == gap and memcmp(
+                            self.chars + (recent[j] - self.base), self.chars + (recent[k] - self.base),
+                            gap * sizeof(Py_UCS4)) == 0:
+                        break
+                else:
+                    distinct += 1
+            if distinct > t // 2:
+                return None
+            gap = recent[t - 1] - recent[t - 2]
+            start = (recent[t - 2] if gap >= self.chunk_size else recent[t - 1]) - self.base
+            repeated = PyUnicode_FromKindAndData(PyUnicode_4BYTE_KIND, self.chars + start,
+                                                 gap if gap >= self.chunk_size else self.chunk_size)
+            occurrences = 0
+            q = self.base + w
+            while q >= self.base:
+                occurrences += 1
+                q = self.same_prev[q - self.base]
+            return Chant(repeated, occurrences)
+        finally:
+            PyMem_Free(recent)
+
+    @property
+    def state_size(self):
+        """Characters plus index entries held: the memory this tracker uses grows with this."""
+        return self.length + max(0, self.length - self.chunk_size + 1) + len(self.line)
