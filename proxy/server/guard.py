@@ -150,7 +150,7 @@ class WatchedExchange(Exchange):
                 found = self._watcher.text(text)
             if found is None and call_started:
                 found = self._watcher.tool_call_started()
-        tail, self._tail = self._tail, (self._tail + chunk)[-4:]
+        tail, self._tail = self._tail, (self._tail + chunk[-4:])[-4:]
         if found is None or self._done:
             return None  # a stream that already ended by itself is counted at its end, not cut
         return complete_events_end(tail, chunk), self._ending(found)

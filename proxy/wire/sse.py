@@ -27,9 +27,11 @@ class SSEParser:
         self._skip_lf = False
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        if not self._rest and not self._data and not self._skip_lf and chunk.endswith(b"\n\n") \
-                and b"\r" not in chunk:
-            # The usual case: whole one-line `data:` events, as providers send them.
+        if not self._rest and not self._data and not self._skip_lf and chunk.startswith(b"data: ") \
+                and chunk.endswith(b"\n\n") and b"\r" not in chunk:
+            # The usual case: whole one-line `data:` events, as providers send them; most often one.
+            if chunk.count(b"\n") == 2:
+                return [SSEEvent(chunk[6:-2])]
             blocks = chunk[:-2].split(b"\n\n")
             if all(block.startswith(b"data: ") and b"\n" not in block for block in blocks):
                 return [SSEEvent(block[6:]) for block in blocks]
