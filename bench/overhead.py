@@ -254,7 +254,10 @@ async def run(quick: bool) -> None:
                 if not url:
                     print(f"| {name} | not measured (set LOOPWARDEN_BENCH_POSTGRES_URL) |")
                     continue
-                print(f"| {name} | {await writer_throughput(url, int(20_000 * scale)):.0f} |")
+                try:
+                    print(f"| {name} | {await writer_throughput(url, int(20_000 * scale)):.0f} |")
+                except Exception as exc:  # a database that cannot be reached is a line, not a traceback
+                    print(f"| {name} | not measured ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}) |")
     finally:
         for process in processes:
             process.terminate()
