@@ -290,3 +290,24 @@ def test_threshold_can_change_between_messages():
 def test_chunk_size_must_be_positive():
     with pytest.raises(ValueError):
         ContentTracker(chunk_size=0)
+
+
+def test_memory_is_given_back_on_reset():
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        trackers = [ContentTracker() for _ in range(200)]
+        baseline = tracemalloc.get_traced_memory()[0]
+        rng = random.Random(2)
+        prose = " ".join("".join(rng.choice(string.ascii_lowercase) for _ in range(6)) for _ in range(600))
+        for tracker in trackers:
+            tracker.feed(prose)  # a long run without repeats: each tracker's index grows to its cap
+        grown = tracemalloc.get_traced_memory()[0]
+        for tracker in trackers:
+            tracker.reset()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert grown - baseline > 200 * 50_000
+    assert after - baseline < 200 * 1_000

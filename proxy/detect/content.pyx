@@ -187,12 +187,12 @@ cdef class ContentTracker:
 
     def reset(self):
         """Start the tracking afresh (a structural line or a tool call)."""
-        # Offsets go on rising, so everything indexed so far falls below `base`.
+        # Offsets go on rising, so nothing indexed so far can be mistaken for new text; the
+        # arrays are given back (a session idle after a tool call holds none).
         self.base += self.length
         self.length = 0
         self.rolling = 0
-        if self.capacity > INITIAL_CAPACITY:
-            self._release()  # a long run's memory is not held by an idle session
+        self._release()
 
     def end_message(self):
         """A message ends its last line; the next message starts unmuted."""
