@@ -7,22 +7,27 @@ import re
 
 import orjson
 
-# Everything that changes on every run without meaning anything. Every branch starts with a
-# fixed character or a digit, so the regex engine skips plain text quickly.
+# Everything that changes on every run without meaning anything. The pattern starts with the
+# set of characters a masked run can start with, so the regex engine skips other text in C; each
+# branch then checks, looking back, which character it started with.
 _NOISE = re.compile(
     r"""
-      \x1b(?:\[[0-9;?]*[\x20-\x2f]*[\x40-\x7e]|\][^\x07\x1b]*(?:\x07|\x1b\\))     # ANSI / OSC sequences
-    | \d(?:
+    [\x1b0-9MTWFSpP/\\]
+    (?:
+        (?<=\x1b)(?:\[[0-9;?]*[\x20-\x2f]*[\x40-\x7e]|\][^\x07\x1b]*(?:\x07|\x1b\\))      # ANSI / OSC sequences
+      | (?<=\d)(?:
           \d{3}-\d{2}-\d{2}(?:[T\x20]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?  # ISO dates
         | \d?:\d{2}:\d{2}(?:[.,]\d+)?                                                  # clock times
         | [0-9a-fA-F]{7}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}   # UUIDs
         | x[0-9a-fA-F]{4,}                                                             # addresses
         | \d*(?:\.\d+)?\x20?(?:ns|µs|us|ms|s|sec|secs|seconds?|mins?|minutes?|h|hrs?|hours?)\b  # durations
-      )
-    | (?:Mon|Tue|Wed|Thu|Fri|Sat|Sun),?\x20\d{1,2}\x20(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\x20\d{1,4}
-    | [pP](?:id|ID)[\x20:=#]*\d+                                                        # process ids
-    | /(?:private/)?(?:tmp|var/tmp|var/folders)/[^\s'"`:,;)\]}]*                          # temporary paths
-    | \\(?:AppData\\Local\\)?Temp\\[^\s'"`:,;)\]}]*
+        )
+      | (?:(?<=M)on|(?<=T)(?:ue|hu)|(?<=W)ed|(?<=F)ri|(?<=S)(?:at|un)),?\x20\d{1,2}\x20            # dates
+        (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\x20\d{1,4}
+      | (?<=[pP])(?:id|ID)[\x20:=#]*\d+                                                 # process ids
+      | (?<=/)(?:private/)?(?:tmp|var/tmp|var/folders)/[^\s'"`:,;)\]}]*                   # temporary paths
+      | (?<=\\)(?:AppData\\Local\\)?Temp\\[^\s'"`:,;)\]}]*
+    )
     """,
     re.VERBOSE,
 )
@@ -43,7 +48,7 @@ def _hex_id(match: re.Match) -> str:
 
 def mask(text: str) -> str:
     """The text with run-to-run noise replaced and white space folded."""
-    return _SPACE.sub(" ", _HEX_RUN.sub(_hex_id, _NOISE.sub("\x00", text))).strip()
+    return " ".join(_HEX_RUN.sub(_hex_id, _NOISE.sub("\x00", text)).split())
 
 
 def digest(text: str) -> bytes:

@@ -1,0 +1,41 @@
+"""What counts as run-to-run noise in a tool result, and what does not."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.detect.normalize import mask
+
+
+@pytest.mark.parametrize("noisy, masked", [
+    ("at 2026-11-02T10:11:12Z done", "at \x00 done"),
+    ("at 2026-11-02 10:11:12.5+01:00 done", "at \x00 done"),
+    ("took 12:30:45.123 then", "took \x00 then"),
+    ("id 550e8400-e29b-41d4-a716-446655440000 ok", "id \x00 ok"),
+    ("ptr 0x7ffeabcd1234", "ptr \x00"),
+    ("in 12ms, then 3.5 seconds, then 5s", "in \x00, then \x00, then \x00"),
+    ("Date: Mon, 3 Jan 2024 over", "Date: \x00 over"),
+    ("Thu 12 February 2023", "\x00"),
+    ("worker pid 1234 and PID:42", "worker \x00 and \x00"),
+    ("wrote /tmp/build-8f3a/out.json: ok", "wrote \x00: ok"),
+    ("wrote /private/var/folders/ab/x.log", "wrote \x00"),
+    (r"at C:\Users\me\AppData\Local\Temp\x.log", "at C:\\Users\\me\x00"),
+    ("\x1b[32mpending\x1b[0m", "\x00pending\x00"),
+    ("\x1b]0;title\x07text", "\x00text"),
+    ("commit 3f9a2c1b7d", "commit \x00"),
+    ("  many \n\t spaces  ", "many spaces"),
+])
+def test_noise_is_masked(noisy, masked):
+    assert mask(noisy) == masked
+
+
+@pytest.mark.parametrize("meaningful", [
+    "def handler(request): return respond(request, status=200)",
+    "Monday at the office, Sunday off",
+    "the file src/tmp_helpers.py has 1234567 lines",  # a pure number is data, not an id
+    "accessed defaced",  # pure letters are words
+    "Spid spider pIDs",
+    "version 3.11 and 42 items",
+])
+def test_meaning_is_kept(meaningful):
+    assert mask(meaningful) == " ".join(meaningful.split())
