@@ -20,7 +20,7 @@ import os
 import re
 from collections import namedtuple
 
-from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_4BYTE_KIND, PyUnicode_FromKindAndData
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.string cimport memcmp, memcpy, memmove
@@ -99,6 +99,14 @@ cdef int _classify(str line, bint complete, bint in_code) except -2:
                 return UNKNOWN
             return DIVIDER if sum(c in _DIVIDER_CHARS for c in body) >= 3 else PROSE
     return PROSE
+
+
+cdef void *_resized(void *block, size_t size) except NULL:
+    """The block grown or shrunk to `size` bytes; on failure it is left as it was."""
+    cdef void *resized = PyMem_Realloc(block, size)
+    if resized == NULL:
+        raise MemoryError()
+    return resized
 
 
 cdef class ContentTracker:
@@ -320,36 +328,17 @@ cdef class ContentTracker:
     cdef int _allocate(self, Py_ssize_t capacity) except -1:
         """Resize the arrays to `capacity` and the hash buckets to match (rebuilt if resized)."""
         cdef Py_ssize_t buckets = 1, w, bucket
-        cdef void *grown
-        grown = PyMem_Realloc(self.chars, capacity * sizeof(Py_UCS4))
-        if grown == NULL:
-            raise MemoryError()
-        self.chars = <Py_UCS4 *>grown
-        grown = PyMem_Realloc(self.hashes, capacity * sizeof(uint64_t))
-        if grown == NULL:
-            raise MemoryError()
-        self.hashes = <uint64_t *>grown
-        grown = PyMem_Realloc(self.bucket_prev, capacity * sizeof(int64_t))
-        if grown == NULL:
-            raise MemoryError()
-        self.bucket_prev = <int64_t *>grown
-        grown = PyMem_Realloc(self.same_prev, capacity * sizeof(int64_t))
-        if grown == NULL:
-            raise MemoryError()
-        self.same_prev = <int64_t *>grown
-        grown = PyMem_Realloc(self.runs, capacity * sizeof(int32_t))
-        if grown == NULL:
-            raise MemoryError()
-        self.runs = <int32_t *>grown
+        self.chars = <Py_UCS4 *>_resized(self.chars, capacity * sizeof(Py_UCS4))
+        self.hashes = <uint64_t *>_resized(self.hashes, capacity * sizeof(uint64_t))
+        self.bucket_prev = <int64_t *>_resized(self.bucket_prev, capacity * sizeof(int64_t))
+        self.same_prev = <int64_t *>_resized(self.same_prev, capacity * sizeof(int64_t))
+        self.runs = <int32_t *>_resized(self.runs, capacity * sizeof(int32_t))
         self.capacity = capacity
         while buckets < capacity:
             buckets *= 2
         if buckets == self.head_mask + 1 and self.heads != NULL:
             return 0
-        PyMem_Free(self.heads)
-        self.heads = <int64_t *>PyMem_Malloc(buckets * sizeof(int64_t))
-        if self.heads == NULL:
-            raise MemoryError()
+        self.heads = <int64_t *>_resized(self.heads, buckets * sizeof(int64_t))
         self.head_mask = buckets - 1
         for bucket in range(buckets):
             self.heads[bucket] = -1
@@ -362,10 +351,8 @@ cdef class ContentTracker:
     cdef object _chanting(self, Py_ssize_t w):
         """The rule for window `w`, seen `threshold` times in a row: close together, few distinct gaps."""
         cdef Py_ssize_t t = max(self.threshold, 2), k, j, distinct, gap, start
-        cdef int64_t *recent = <int64_t *>PyMem_Malloc(t * sizeof(int64_t))
+        cdef int64_t *recent = <int64_t *>_resized(NULL, t * sizeof(int64_t))
         cdef int64_t q
-        if recent == NULL:
-            raise MemoryError()
         try:
             recent[t - 1] = self.base + w
             for k in range(t - 2, -1, -1):
