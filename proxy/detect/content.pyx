@@ -56,7 +56,7 @@ cdef uint64_t MODULUS = (1ULL << 61) - 1
 # A base drawn per process: the verdict never depends on it (windows are compared in
 # full), but text crafted to collide cannot slow the index down.
 cdef uint64_t BASE = (1ULL << 20) + int.from_bytes(os.urandom(8), "little") % (MODULUS - (1ULL << 21))
-cdef Py_ssize_t INITIAL_CAPACITY = 256
+cdef Py_ssize_t INITIAL_CAPACITY = 64  # most text before a tool call is short
 
 _DIVIDER_CHARS = frozenset("-_=*~+") | frozenset(chr(c) for c in range(0x2500, 0x2580))
 _LIST_NUMBER = re.compile(r"\d{1,9}[.)]")
@@ -162,8 +162,9 @@ cdef class ContentTracker:
         self.max_threshold = max(threshold, max_threshold or 0)
         # Enough text to hold the last `threshold` occurrences at the widest allowed spacing.
         self.keep = chunk_size * GAP_CHUNKS * (max(self.max_threshold, 2) - 1) + chunk_size
+        cdef int i
         self.base_power = 1
-        for _ in range(chunk_size):
+        for i in range(chunk_size):
             self.base_power = lw_mulmod(self.base_power, BASE)
         self.line = ""
         self.kind = UNKNOWN
