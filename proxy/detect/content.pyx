@@ -118,6 +118,13 @@ cdef void *_resized(void *block, size_t size) except NULL:
     return resized
 
 
+ctypedef struct Window:
+    uint64_t hash
+    int64_t bucket_prev  # the previous window in the same hash bucket
+    int64_t same_prev  # the previous window with the same text
+    int32_t run  # identical windows in a row, this one included
+
+
 cdef class ContentTracker:
     """Chanting detector state for one task. Memory is bounded by the window kept."""
 
@@ -126,15 +133,11 @@ cdef class ContentTracker:
     cdef int max_threshold
     cdef Py_ssize_t keep  # characters kept after a trim: the widest allowed span of occurrences
     cdef uint64_t base_power  # BASE ** chunk_size, to drop a character from the rolling hash
-    # The counted text kept, from absolute offset `base`. Arrays below are indexed like
-    # `chars`, by a window's first character: the window's hash, the previous window in
-    # its hash bucket, the previous window with the same text, and how many such
-    # identical windows there have been in a row. Absolute offsets below `base` are gone.
+    # The counted text kept, from absolute offset `base`, and a record per window, indexed
+    # like `chars` by the window's first character. Absolute offsets below `base` are gone.
+    # (Cython starts C attributes at zero: no arrays until text arrives.)
     cdef Py_UCS4 *chars
-    cdef uint64_t *hashes
-    cdef int64_t *bucket_prev
-    cdef int64_t *same_prev
-    cdef int32_t *runs
+    cdef Window *windows
     cdef Py_ssize_t length, capacity
     cdef int64_t base
     cdef uint64_t rolling  # hash of the last chunk_size characters
@@ -146,15 +149,8 @@ cdef class ContentTracker:
     cdef bint in_code
     cdef bint muted  # the rest of a message that already chanted is not counted again
 
-    def __cinit__(self):
-        self.chars = NULL
-        self.hashes = NULL
-        self.bucket_prev = NULL
-        self.same_prev = NULL
-        self.runs = NULL
-        self.heads = NULL
-
     def __init__(self, int chunk_size=50, int threshold=10, max_threshold=None):
+        cdef int i
         if chunk_size < 1:
             raise ValueError("chunk_size must be at least 1")
         self.chunk_size = chunk_size
@@ -162,7 +158,6 @@ cdef class ContentTracker:
         self.max_threshold = max(threshold, max_threshold or 0)
         # Enough text to hold the last `threshold` occurrences at the widest allowed spacing.
         self.keep = chunk_size * GAP_CHUNKS * (max(self.max_threshold, 2) - 1) + chunk_size
-        cdef int i
         self.base_power = 1
         for i in range(chunk_size):
             self.base_power = lw_mulmod(self.base_power, BASE)
@@ -174,16 +169,10 @@ cdef class ContentTracker:
 
     cdef void _release(self) noexcept:
         PyMem_Free(self.chars)
-        PyMem_Free(self.hashes)
-        PyMem_Free(self.bucket_prev)
-        PyMem_Free(self.same_prev)
-        PyMem_Free(self.runs)
+        PyMem_Free(self.windows)
         PyMem_Free(self.heads)
         self.chars = NULL
-        self.hashes = NULL
-        self.bucket_prev = NULL
-        self.same_prev = NULL
-        self.runs = NULL
+        self.windows = NULL
         self.heads = NULL
         self.capacity = 0
         self.head_mask = 0
@@ -195,10 +184,7 @@ cdef class ContentTracker:
         if self.length:
             other._allocate(self.capacity)
             memcpy(other.chars, self.chars, self.length * sizeof(Py_UCS4))
-            memcpy(other.hashes, self.hashes, self.length * sizeof(uint64_t))
-            memcpy(other.bucket_prev, self.bucket_prev, self.length * sizeof(int64_t))
-            memcpy(other.same_prev, self.same_prev, self.length * sizeof(int64_t))
-            memcpy(other.runs, self.runs, self.length * sizeof(int32_t))
+            memcpy(other.windows, self.windows, self.length * sizeof(Window))
             memcpy(other.heads, self.heads, (self.head_mask + 1) * sizeof(int64_t))
             other.length = self.length
         return other
@@ -308,16 +294,16 @@ cdef class ContentTracker:
         q = self.heads[bucket]
         while q >= self.base:
             i = q - self.base
-            if self.hashes[i] == h and memcmp(self.chars + i, self.chars + w, size * sizeof(Py_UCS4)) == 0:
+            if self.windows[i].hash == h and memcmp(self.chars + i, self.chars + w, size * sizeof(Py_UCS4)) == 0:
                 same = q
                 break
-            q = self.bucket_prev[i]
-        self.hashes[w] = h
-        self.bucket_prev[w] = self.heads[bucket]
+            q = self.windows[i].bucket_prev
+        self.windows[w].hash = h
+        self.windows[w].bucket_prev = self.heads[bucket]
         self.heads[bucket] = position
-        self.same_prev[w] = same
-        self.runs[w] = 1 if same < 0 else min(self.runs[same - self.base], 1 << 30) + 1
-        return w if self.runs[w] >= self.threshold else -1
+        self.windows[w].same_prev = same
+        self.windows[w].run = 1 if same < 0 else min(self.windows[same - self.base].run, 1 << 30) + 1
+        return w if self.windows[w].run >= self.threshold else -1
 
     cdef int _make_room(self) except -1:
         """Grow the arrays up to twice the text kept; after that, drop the oldest text."""
@@ -327,10 +313,7 @@ cdef class ContentTracker:
             return 0
         cut = self.length - self.keep
         memmove(self.chars, self.chars + cut, self.keep * sizeof(Py_UCS4))
-        memmove(self.hashes, self.hashes + cut, self.keep * sizeof(uint64_t))
-        memmove(self.bucket_prev, self.bucket_prev + cut, self.keep * sizeof(int64_t))
-        memmove(self.same_prev, self.same_prev + cut, self.keep * sizeof(int64_t))
-        memmove(self.runs, self.runs + cut, self.keep * sizeof(int32_t))
+        memmove(self.windows, self.windows + cut, self.keep * sizeof(Window))
         self.base += cut
         self.length = self.keep
         return 0
@@ -339,10 +322,7 @@ cdef class ContentTracker:
         """Resize the arrays to `capacity` and the hash buckets to match (rebuilt if resized)."""
         cdef Py_ssize_t buckets = 1, w, bucket
         self.chars = <Py_UCS4 *>_resized(self.chars, capacity * sizeof(Py_UCS4))
-        self.hashes = <uint64_t *>_resized(self.hashes, capacity * sizeof(uint64_t))
-        self.bucket_prev = <int64_t *>_resized(self.bucket_prev, capacity * sizeof(int64_t))
-        self.same_prev = <int64_t *>_resized(self.same_prev, capacity * sizeof(int64_t))
-        self.runs = <int32_t *>_resized(self.runs, capacity * sizeof(int32_t))
+        self.windows = <Window *>_resized(self.windows, capacity * sizeof(Window))
         self.capacity = capacity
         while buckets < capacity:
             buckets *= 2
@@ -353,8 +333,8 @@ cdef class ContentTracker:
         for bucket in range(buckets):
             self.heads[bucket] = -1
         for w in range(self.length - self.chunk_size + 1):
-            bucket = self.hashes[w] & self.head_mask
-            self.bucket_prev[w] = self.heads[bucket]
+            bucket = self.windows[w].hash & self.head_mask
+            self.windows[w].bucket_prev = self.heads[bucket]
             self.heads[bucket] = self.base + w
         return 0
 
@@ -366,7 +346,7 @@ cdef class ContentTracker:
         try:
             recent[t - 1] = self.base + w
             for k in range(t - 2, -1, -1):
-                recent[k] = self.same_prev[recent[k + 1] - self.base]
+                recent[k] = self.windows[recent[k + 1] - self.base].same_prev
                 if recent[k] < self.base:
                     return None  # the earlier occurrences are further back than any chant spans
             if recent[t - 1] - recent[0] > self.chunk_size * GAP_CHUNKS * (t - 1):
@@ -391,7 +371,7 @@ cdef class ContentTracker:
             q = self.base + w
             while q >= self.base:
                 occurrences += 1
-                q = self.same_prev[q - self.base]
+                q = self.windows[q - self.base].same_prev
             return Chant(repeated, occurrences)
         finally:
             PyMem_Free(recent)
