@@ -85,7 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ConfigError) as exc:
         print(f"loopwarden: {exc}" if isinstance(exc, ConfigError) else str(exc), file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Other libraries stay at info and above: debug is for loopwarden's own loggers and the access log.
+    level = settings.log_level.upper()
+    logging.basicConfig(level=max(logging.INFO, logging.getLevelName(level)),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("loopwarden", "aiohttp.access"):
+        logging.getLogger(name).setLevel(level)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     from proxy import commands
     from proxy.store.database import DatabaseUnavailable, run_migrations

@@ -83,7 +83,7 @@ async def test_alternation_is_a_cycle_on_the_tenth_call(upstream, proxy):
     upstream.script.append(Turn(content="Let me think."))
     await agent.turn()
     (_, text), = warnings_in(upstream.chat_requests[10])
-    assert "cycle of tool calls (`ls` → `read_file`)" in text
+    assert 'cycle of tool calls (`ls` with {"path":"src/app.py"} → `read_file` with {"path":"src/app.py"})' in text
     await agent.close()
 
 

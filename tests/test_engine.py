@@ -152,8 +152,10 @@ def test_client_marked_errors_count():
 def test_same_call_same_error_warns_after_the_third_call_one_episode_per_message():
     calls = same_calls(5, result="Traceback (most recent call last): ValueError: bad input")
     found = eps(conversation(user("go"), *calls))
-    # Calls 3, 4 and 5 each complete an episode; the 5th is also a tool_call loop but named tool_call.
-    assert [(e.number, e.type) for e in found] == [(1, "tool_error"), (2, "tool_error"), (3, "tool_call")]
+    # Calls 3, 4 and 5 each complete an episode; the 5th is also a tool_call loop, but the loop that was
+    # warned as tool_error stops as tool_error.
+    assert [(e.number, e.type) for e in found] == [(1, "tool_error"), (2, "tool_error"), (3, "tool_error")]
+    assert "failed 5 times with the same error" in stop_text(found[2])
 
 
 def test_parallel_identical_calls_in_one_message_are_one_episode():

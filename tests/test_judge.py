@@ -16,10 +16,14 @@ from tests.fake_upstream import Turn
 TASK = "Migrate the payment service to the new billing API."
 
 
+# One agent's run: every request resends the same history (same call ids), one turn longer.
+RUN = conversation(user(TASK), *[step("edit_file", {"path": f"src/f{i}.py", "line": i}, f"edited f{i}")
+                                 for i in range(80)])
+
+
 def history(turns: int) -> list[dict]:
     """A task with `turns` assistant turns of distinct, productive-looking tool calls."""
-    return conversation(user(TASK), *[step("edit_file", {"path": f"src/f{i}.py", "line": i}, f"edited f{i}")
-                                      for i in range(turns)])
+    return RUN[:2 + 2 * turns]
 
 
 def verdict(confidence, analysis: str = "it keeps re-reading the same config") -> Turn:

@@ -21,11 +21,20 @@ CONTENT = "def main():\n    return 1\n"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-async def loop_until_stopped(agent: Agent, upstream) -> None:
-    for _ in range(7):
+async def same_calls(agent: Agent, upstream, count: int) -> None:
+    for _ in range(count):
         upstream.script.append(Turn(tool_calls=[("read_file", {"path": "a.py"})]))
         await agent.turn()
         agent.answer(CONTENT)
+
+
+async def loop_until_stopped(agent: Agent, upstream) -> None:
+    """Seven identical calls: the 6th and 7th requests carry the warnings, the 8th is refused."""
+    import openai
+
+    await same_calls(agent, upstream, 7)
+    with pytest.raises(openai.BadRequestError):
+        await agent.turn()
 
 
 async def wait_for(predicate, timeout: float = 10.0):
@@ -48,9 +57,6 @@ async def test_detections_reach_the_api_with_filters_and_paging(upstream, proxy_
     running = await proxy_factory(upstream.url, database_url=database_url, admin_token="admin-secret")
     agent = Agent(running.url, headers={"X-Loopwarden-Session": "run-1"})
     await loop_until_stopped(agent, upstream)
-    import openai
-    with pytest.raises(openai.BadRequestError):
-        await agent.turn()
     await agent.close()
     base = f"{running.root}/loopwarden/api"
 
@@ -93,8 +99,8 @@ async def test_reset_and_disable_take_effect_on_the_next_request(upstream, proxy
     await loop_until_stopped(agent, upstream)
     base = f"{proxy.root}/loopwarden/api/sessions/ops"
     status, body = await api("POST", f"{base}/reset")  # loopback, no token configured
-    # Everything up to the last request the proxy saw is forgiven (its answer came after it).
-    assert status == 200 and body["data"][0]["reset_at_message"] == len(agent.messages) - 2
+    # Everything up to the last request the proxy saw (the refused one) is forgiven.
+    assert status == 200 and body["data"][0]["reset_at_message"] == len(agent.messages)
     upstream.script.append(Turn(content="Starting over."))
     await agent.turn()  # not stopped: a fresh task from the reset
     assert not any(str(m.get("content", "")).startswith("[loopwarden]") for m in upstream.chat_requests[-1]["messages"])
@@ -102,7 +108,7 @@ async def test_reset_and_disable_take_effect_on_the_next_request(upstream, proxy
     status, _ = await api("POST", f"{base}/disable")
     assert status == 200
     before = len(upstream.chat_requests)
-    await loop_until_stopped(agent, upstream)
+    await same_calls(agent, upstream, 8)
     upstream.script.append(Turn(content="still going"))
     await agent.turn()
     assert all(not str(m.get("content", "")).startswith("[loopwarden]")

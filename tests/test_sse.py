@@ -30,13 +30,13 @@ def parse_in_pieces(data: bytes, cuts: list[int]) -> list[SSEEvent]:
     events: list[SSEEvent] = []
     start = 0
     for cut in sorted(set(cuts)) + [len(data)]:
-        events += parser.feed(data[start:cut])
+        events += [event._replace(end=0) for event in parser.feed(data[start:cut])]
         start = cut
     return events
 
 
 def test_whole_stream_parses_to_expected_events():
-    assert SSEParser().feed(STREAM) == EXPECTED
+    assert [event._replace(end=0) for event in SSEParser().feed(STREAM)] == EXPECTED
 
 
 def test_byte_by_byte_gives_same_events():
@@ -67,7 +67,7 @@ def test_generated_streams_any_line_ending_any_split(payloads, newline, cuts):
 def test_incomplete_event_is_not_emitted():
     parser = SSEParser()
     assert parser.feed(b"data: {\"x\": 1}\n") == []
-    assert parser.feed(b"\n") == [SSEEvent(b'{"x": 1}')]
+    assert parser.feed(b"\n") == [SSEEvent(b'{"x": 1}', None, 1)]
 
 
 def _chunk(delta: dict, finish: str | None = None) -> dict:
@@ -108,11 +108,36 @@ def test_assembler_joins_split_tool_call_arguments_and_text():
     }
 
 
-def test_complete_events_end_finds_the_last_boundary_even_split():
-    from proxy.wire.sse import complete_events_end
+def absolute_ends(data: bytes, cuts: list[int]) -> list[int]:
+    """Where each event ends in the whole stream, read back from the chunk-relative ends."""
+    parser = SSEParser()
+    ends: list[int] = []
+    start = 0
+    for cut in sorted(set(cuts)) + [len(data)]:
+        ends += [start + event.end for event in parser.feed(data[start:cut])]
+        start = cut
+    return ends
 
-    assert complete_events_end(b"", b"data: a\n\ndata: b\n\ndata: par") == len(b"data: a\n\ndata: b\n\n")
-    assert complete_events_end(b"data: a\n", b"\ndata: b") == 1
-    assert complete_events_end(b"", b"data: a\r\ndata: b\r\n") == 0
-    assert complete_events_end(b"", b"data: a\r\n\r\nx") == len(b"data: a\r\n\r\n")
-    assert complete_events_end(b"", b"data: no boundary") == 0
+
+def test_event_ends_point_just_past_each_blank_line():
+    ends = absolute_ends(STREAM, [])
+    assert ends[-1] == len(STREAM)
+    for end in ends:
+        assert STREAM[:end].endswith((b"\n\n", b"\r\n\r\n", b"\r\r"))
+    assert STREAM[:ends[0]] == b': keep-alive\n\ndata: {"a": 1}\n\n'
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=30))
+@settings(max_examples=300)
+def test_event_ends_do_not_depend_on_the_split(cuts):
+    # A CRLF split by the read ends the event at its CR: the LF then belongs to no event.
+    for got, whole in zip(absolute_ends(STREAM, cuts), absolute_ends(STREAM, []), strict=True):
+        assert got == whole or (got == whole - 1 and got in cuts and STREAM[got - 1:got + 1] == b"\r\n")
+
+
+def test_fast_path_ends_and_boundary():
+    parser = SSEParser()
+    events = parser.feed(b"data: a\n\ndata: bb\n\n")
+    assert [e.end for e in events] == [9, 19] and parser.at_boundary
+    assert parser.feed(b"data: c") == [] and not parser.at_boundary
+    assert [e.end for e in parser.feed(b"\n\n")] == [2]

@@ -144,6 +144,10 @@ async def _seed(engine) -> None:
     ]
     for row in rows:
         writer.add_detection(row)
+    # The model moved on after t-b's cut and after t-a's first warning (t-a reached the stop all the same);
+    # t-c's warning was never followed by a model's answer.
+    for session, task in (("beta", "t-b"), ("alpha", "t-a")):
+        writer.add_recovery({"b_tenant": "t1", "b_session_id": session, "b_task": task, "b_episode": 1})
     for tenant, session in (("t1", "alpha"), ("t1", "beta"), ("t2", "gamma")):
         writer.session_seen(SessionSeen(tenant, session, 12, "gpt-test"))
     writer.add_judge_check({"created_at": now, "tenant": "t1", "session_id": "alpha", "task": "t-a", "turn": 30,
@@ -179,8 +183,10 @@ async def test_queries_filters_paging_and_stats(database_url):
     assert result["by_type"]["tool_call"] == 3 and result["by_action"]["cut"] == 1
     assert result["sessions_affected"] == 3
     assert result["average_turns_before_detection"] == round((5 + 2 + 9) / 3, 1)
-    # Warned tasks: t-a (stopped later), t-b (cut, went on), t-c (went on): 2 of 3 recovered.
-    assert (result["warned_tasks"], result["recovered_tasks"], result["recovery_rate"]) == (3, 2, 0.667)
+    # Warned tasks: t-a (stopped later), t-b (cut, then moved on), t-c (never answered): 1 of 3 recovered.
+    assert (result["warned_tasks"], result["recovered_tasks"], result["recovery_rate"]) == (3, 1, 0.333)
+    assert [i["recovered"] for i in (await queries.list_detections(engine, queries.DetectionFilter(
+        session="beta")))[0]] == [True]
     assert result["tokens_saved_estimate"] == 4200
     assert (result["judge_checks"], result["judge_tokens"]) == (1, 900)
     assert (await queries.stats(engine, tenant="t2"))["detections"] == 1

@@ -148,6 +148,7 @@ cdef class ContentTracker:
     cdef int kind
     cdef bint in_code
     cdef bint muted  # the rest of a message that already chanted is not counted again
+    cdef bint last_blank  # the last counted character was white space: a run of it counts as one
 
     def __init__(self, int chunk_size=50, int threshold=10, max_threshold=None):
         cdef int i
@@ -163,6 +164,7 @@ cdef class ContentTracker:
             self.base_power = lw_mulmod(self.base_power, BASE)
         self.line = ""
         self.kind = UNKNOWN
+        self.last_blank = True
 
     def __dealloc__(self):
         self._release()
@@ -180,7 +182,7 @@ cdef class ContentTracker:
     def clone(self):
         cdef ContentTracker other = ContentTracker(self.chunk_size, self.threshold, self.max_threshold)
         other.line, other.kind, other.in_code, other.muted = self.line, self.kind, self.in_code, self.muted
-        other.base, other.rolling = self.base, self.rolling
+        other.base, other.rolling, other.last_blank = self.base, self.rolling, self.last_blank
         if self.length:
             other._allocate(self.capacity)
             memcpy(other.chars, self.chars, self.length * sizeof(Py_UCS4))
@@ -196,6 +198,7 @@ cdef class ContentTracker:
         self.base += self.length
         self.length = 0
         self.rolling = 0
+        self.last_blank = True
         self._release()
 
     def end_message(self):
@@ -258,10 +261,19 @@ cdef class ContentTracker:
         return found
 
     cdef object _count(self, str text):
-        """Append counted text, indexing and checking every window it completes."""
+        """Append counted text, indexing and checking every window it completes.
+
+        White space is folded: a run of it counts as one space, and none is counted after a line
+        break, so indentation and empty lines are never chanting, and no window is blank."""
         cdef Py_UCS4 c
         cdef Py_ssize_t window
         for c in text:
+            if c == u" " or c == u"\n" or c == u"\t" or c == u"\r":
+                if self.last_blank:
+                    continue
+                self.last_blank = True
+            else:
+                self.last_blank = False
             window = self._append(c)
             if window >= 0:
                 found = self._chanting(window)

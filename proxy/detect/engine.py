@@ -16,12 +16,14 @@ import orjson
 
 from proxy.detect.content import ContentTracker
 from proxy.detect.judge_policy import JudgeCheck
-from proxy.detect.normalize import canonical_arguments, digest, excerpt, mask, reads_as_error
+from proxy.detect.normalize import canonical_arguments, digest, excerpt, is_error_form, mask
 from proxy.detect.tools import Call, ToolFinding, ToolTracker
 from proxy.wire.chat import message_text
 
 TYPES = ("tool_call", "tool_cycle", "tool_error", "content", "llm")
 INJECTED_PREFIX = "[loopwarden] "
+# Where the proxy cut a chanting stream, it added a last text delta starting with this: not the model's text.
+CUT_NOTICE_PREFIX = INJECTED_PREFIX + "Output cut:"
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class Finding:
     place: int
     turn: int
     trips: list[tuple[str, dict]]
+    was_cut: bool = False  # the message carries the cut notice: the proxy cut it, and logged it then
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class Episode:
     message_index: int
     place: int
     turn: int
+    was_cut: bool = False
 
     @property
     def is_stop(self) -> bool:
@@ -95,12 +99,24 @@ class TaskState:
     tools: ToolTracker
     content: ContentTracker
     turns: int = 0
+    anchored: bool = False  # the task's first assistant turn has been seen (and named the run)
     findings: list[Finding] = field(default_factory=list)
     turn_places: list[tuple[int, int]] = field(default_factory=list)  # per turn: (message index, place)
 
     def clone(self) -> "TaskState":
         return TaskState(self.start, self.key, self.tools.clone(), self.content.clone(), self.turns,
-                         list(self.findings), list(self.turn_places))
+                         self.anchored, list(self.findings), list(self.turn_places))
+
+    def anchor(self, first_turn: dict) -> None:
+        """Name this run of the task by its first assistant turn's first call id: a rerun of the same
+        prompt, or a twin agent started alike, gets new call ids from the model and so is another task."""
+        if self.anchored:
+            return
+        self.anchored = True
+        for raw in first_turn.get("tool_calls") or ():
+            if isinstance(raw, dict) and raw.get("id"):
+                self.key = digest(f"{self.key}\x00{raw['id']}").hex()[:16]
+                return
 
 
 @dataclass
@@ -129,6 +145,15 @@ def is_injected(message: dict) -> bool:
     return isinstance(content, str) and content.startswith(INJECTED_PREFIX) and message.get("role") != "assistant"
 
 
+def model_text(message: dict) -> tuple[str, bool]:
+    """An assistant message's own text, without a cut notice the proxy added; and whether it had one."""
+    text = message_text(message)
+    at = text.rfind(CUT_NOTICE_PREFIX) if INJECTED_PREFIX in text else -1
+    if at < 0:
+        return text, False
+    return text[:at].rstrip("\n"), True
+
+
 def _tool_results(messages: list[dict], after: int) -> tuple[dict[str, tuple[str, bool]], int]:
     """Tool results that follow an assistant message, and the index just past them."""
     results: dict[str, tuple[str, bool]] = {}
@@ -150,8 +175,8 @@ def make_call(raw: dict, results: dict[str, tuple[str, bool]]) -> Call:
         return Call(f"{name}\x00{arguments}", name, arguments, None, None)
     text, marked = outcome
     masked = mask(text)
-    error = masked[:500] if marked or reads_as_error(masked) else None
-    return Call(f"{name}\x00{arguments}", name, arguments, digest(masked), error)
+    error = masked[:500] if marked or is_error_form(text) else None
+    return Call(f"{name}\x00{arguments}", name, arguments, digest(masked), error, masked[:160])
 
 
 def _tool_detail(found: ToolFinding) -> dict:
@@ -160,9 +185,26 @@ def _tool_detail(found: ToolFinding) -> dict:
     if found.type == "tool_cycle":
         detail["cycle"] = [c.name for c in found.calls]
         detail["cycle_arguments"] = [excerpt(c.arguments, 60) for c in found.calls]
-    if found.type == "tool_error":
+    elif found.type == "tool_error":
         detail["error"] = excerpt(first.error or "", 200)
+    else:
+        detail["same_result"] = found.same_result
+    if first.result_excerpt:
+        detail["result"] = excerpt(first.result_excerpt, 120)
     return detail
+
+
+def chant_detail(chant) -> dict:
+    return {"repeated": excerpt(chant.repeated, 200), "occurrences": chant.occurrences}
+
+
+def choose_trip(trips: list[tuple[str, dict]], previous_type: str | None) -> tuple[str, dict]:
+    """The rule an episode is named after: the one the task's previous episode named, when this message trips
+    it too (a loop warned as tool_error stops as tool_error); else the first in SPEC's order."""
+    for trip in trips:
+        if trip[0] == previous_type:
+            return trip
+    return trips[0]
 
 
 class Turn:
@@ -176,7 +218,7 @@ class Turn:
         self.turn = state.turns
         state.content.threshold = config.content_threshold(self.turn)
         self.chant = None
-        self.tool_found: ToolFinding | None = None
+        self.tool_found: dict[str, ToolFinding] = {}  # the first finding of each type in this turn
         self._text_ended = False
 
     def text(self, piece: str) -> bool:
@@ -203,23 +245,18 @@ class Turn:
         if call.name in self.config.whitelisted_tools:
             self.state.tools.skip()
             return
-        found = self.state.tools.add(call, self.config.tool_threshold(self.turn))
-        if found is not None and (self.tool_found is None
-                                  or TYPES.index(found.type) < TYPES.index(self.tool_found.type)):
-            self.tool_found = found
+        for found in self.state.tools.add(call, self.config.tool_threshold(self.turn)):
+            self.tool_found.setdefault(found.type, found)
 
-    def finish(self, place: int) -> Finding | None:
+    def finish(self, place: int, was_cut: bool = False) -> Finding | None:
         self.end_text()
         self.state.turn_places.append((self.message_index, place))
-        trips: list[tuple[str, dict]] = []
-        if self.tool_found is not None:
-            trips.append((self.tool_found.type, _tool_detail(self.tool_found)))
+        trips = [(kind, _tool_detail(self.tool_found[kind])) for kind in TYPES if kind in self.tool_found]
         if self.chant is not None:
-            trips.append(("content", {"repeated": excerpt(self.chant.repeated, 200),
-                                      "occurrences": self.chant.occurrences}))
+            trips.append(("content", chant_detail(self.chant)))
         if not trips:
             return None
-        finding = Finding(self.message_index, place, self.turn, trips)
+        finding = Finding(self.message_index, place, self.turn, trips, was_cut)
         self.state.findings.append(finding)
         return finding
 
@@ -239,14 +276,15 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[dict], begin: i
             j += 1
         elif role == "assistant":
             results, after = _tool_results(messages, j + 1)
+            state.anchor(message)
             turn = Turn(config, state, j)
-            text = message_text(message)
+            text, was_cut = model_text(message)
             if text:
                 turn.text(text)
             for raw in message.get("tool_calls") or ():
                 if isinstance(raw, dict):
                     turn.tool_call(make_call(raw, results))
-            turn.finish(after)
+            turn.finish(after, was_cut)
             j = after
         else:
             j += 1  # system, developer, stray tool results
@@ -310,12 +348,12 @@ def episodes(config: DetectConfig, state: TaskState, *, plan_mode: bool = False,
                 trips_at[index][1].append(("llm", detail))
             else:
                 trips_at[index] = (Finding(index, place, check.turn + 1, []), [("llm", detail)])
-    result = []
+    result: list[Episode] = []
     for number, index in enumerate(sorted(trips_at), start=1):
         finding, trips = trips_at[index]
-        kind, detail = trips[0]
+        kind, detail = choose_trip(trips, result[-1].type if result else None)
         result.append(Episode(number, config.max_warnings, kind, detail, finding.message_index, finding.place,
-                              finding.turn))
+                              finding.turn, finding.was_cut))
     return result
 
 
@@ -340,6 +378,7 @@ class ResponseWatcher:
         self.config = config
         self.plan_mode = plan_mode
         self.next_number = len(decision.episodes) + 1
+        self.previous_type = decision.episodes[-1].type if decision.episodes else None
         self.episode: Episode | None = None
         self._turn = Turn(config, state, message_index)
         self._calls: list[dict] = []
@@ -347,10 +386,8 @@ class ResponseWatcher:
     def _content_episode(self) -> Episode | None:
         if self.plan_mode or self._turn.chant is None:
             return None
-        self.episode = Episode(self.next_number, self.config.max_warnings, "content",
-                               {"repeated": excerpt(self._turn.chant.repeated, 200),
-                                "occurrences": self._turn.chant.occurrences},
-                               self._turn.message_index, self._turn.message_index + 1, self._turn.turn)
+        self.episode = Episode(self.next_number, self.config.max_warnings, "content", chant_detail(self._turn.chant),
+                               self._turn.message_index, self._turn.message_index + 1, self._turn.turn, True)
         return self.episode
 
     def text(self, piece: str) -> Episode | None:
@@ -375,7 +412,7 @@ class ResponseWatcher:
         trips = [t for t in finding.trips if not (self.plan_mode and t[0] == "content")]
         if not trips:
             return None
-        kind, detail = trips[0]
+        kind, detail = choose_trip(trips, self.previous_type)
         self.episode = Episode(self.next_number, self.config.max_warnings, kind, detail, finding.message_index,
                                finding.place, finding.turn)
         return self.episode

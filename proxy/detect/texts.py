@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from proxy.detect.engine import INJECTED_PREFIX, Episode
+from proxy.detect.engine import CUT_NOTICE_PREFIX, INJECTED_PREFIX, Episode
 
 
 def describe(episode: Episode) -> str:
     """What repeats, in one sentence."""
     d = episode.detail
     if episode.type == "tool_call":
-        return (f"you called `{d['tool']}` with {d['arguments']} {d['repeats']} times in a row "
-                f"and got the same result each time")
+        outcome = "and got the same result each time" if d.get("same_result", True) else \
+            "(its result changed, but repeating the identical call is not making progress)"
+        return f"you called `{d['tool']}` with {d['arguments']} {d['repeats']} times in a row {outcome}"
     if episode.type == "tool_cycle":
-        steps = " → ".join(f"`{name}`" for name in d["cycle"])
+        arguments = d.get("cycle_arguments") or [""] * len(d["cycle"])
+        steps = " → ".join(f"`{name}` with {args}" for name, args in zip(d["cycle"], arguments))
         return f"you repeated the same cycle of tool calls ({steps}) {d['repeats']} times with the same results"
     if episode.type == "tool_error":
         return (f"`{d['tool']}` with {d['arguments']} failed {d['repeats']} times with the same error: "
@@ -44,3 +46,8 @@ def stop_text(episode: Episode) -> str:
     warned = f"after {episode.limit} warning{'s' if episode.limit != 1 else ''}" if episode.limit else "at once"
     return (f"{INJECTED_PREFIX}Loop detected ({episode.type}): {describe(episode)}. The task was stopped "
             f"{warned}; the request was not sent upstream. Send a new user message to start a new task.")
+
+
+def cut_notice(episode: Episode) -> str:
+    """The last text delta of a cut stream: why the text stops here."""
+    return f"\n\n{CUT_NOTICE_PREFIX} the same text repeated {episode.detail.get('occurrences', 0)} times."

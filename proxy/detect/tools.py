@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 MAX_CYCLE = 5
 ERROR_REPEATS = 3
+# Past this many times the threshold, identical calls in a row are a loop whatever their results (the same
+# edit applied at the same place changes the file every time).
+BLIND_REPEATS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +20,7 @@ class Call:
     arguments: str  # canonical arguments
     result: bytes | None  # digest of the masked result; None while unknown
     error: str | None  # the masked error text when the result is an error
+    result_excerpt: str = ""  # the start of the masked result, for the evidence
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +28,7 @@ class ToolFinding:
     type: str  # tool_call, tool_cycle or tool_error
     calls: tuple[Call, ...]  # the call, or the cycle's calls in order
     repeats: int
+    same_result: bool = True  # False for identical calls counted whatever their results
 
 
 def _same(a: Call, b: Call) -> bool:
@@ -34,17 +39,19 @@ def _same(a: Call, b: Call) -> bool:
 class ToolTracker:
     """Streaks for every period 1..5 and error counts, for one task. Constant memory but the error table."""
 
-    __slots__ = ("_recent", "_runs", "_errors")
+    __slots__ = ("_recent", "_runs", "_blind_run", "_errors")
 
     def __init__(self) -> None:
         self._recent: list[Call | None] = []  # last MAX_CYCLE calls; None is a call never counted
         self._runs = [0] * (MAX_CYCLE + 1)  # _runs[k]: consecutive calls equal to the call k before
+        self._blind_run = 0  # consecutive calls with the previous call's name and arguments, results aside
         self._errors: dict[tuple[str, str], int] = {}
 
     def clone(self) -> "ToolTracker":
         other = ToolTracker.__new__(ToolTracker)
         other._recent = self._recent[:]
         other._runs = self._runs[:]
+        other._blind_run = self._blind_run
         other._errors = dict(self._errors)
         return other
 
@@ -52,27 +59,33 @@ class ToolTracker:
         """A whitelisted call: never counted, and it breaks every streak and cycle around it."""
         self._recent = (self._recent + [None])[-MAX_CYCLE:]
         self._runs = [0] * (MAX_CYCLE + 1)
+        self._blind_run = 0
 
-    def add(self, call: Call, threshold: int) -> ToolFinding | None:
+    def add(self, call: Call, threshold: int) -> list[ToolFinding]:
+        """Count a call; every rule it trips, in the order of SPEC's table."""
         recent = self._recent
         runs = self._runs
+        previous = recent[-1] if recent else None
+        self._blind_run = self._blind_run + 1 if previous is not None and previous.key == call.key else 1
         for k in range(1, MAX_CYCLE + 1):
             before = recent[-k] if len(recent) >= k else None
             runs[k] = runs[k] + 1 if before is not None and _same(call, before) else 0
         self._recent = (recent + [call])[-MAX_CYCLE:]
 
-        found = None
+        found: list[ToolFinding] = []
         for k in range(1, MAX_CYCLE + 1):
             # A period-k pattern repeated `threshold` times: all but its first k calls match.
             if runs[k] >= k * (threshold - 1):
                 cycle = tuple(c for c in self._recent[-k:] if c is not None)
-                found = ToolFinding("tool_call" if k == 1 else "tool_cycle", cycle, runs[k] // k + 1)
+                found.append(ToolFinding("tool_call" if k == 1 else "tool_cycle", cycle, runs[k] // k + 1))
                 break
+        if not found and self._blind_run >= BLIND_REPEATS * threshold:
+            found.append(ToolFinding("tool_call", (call,), self._blind_run, same_result=False))
         if call.error is not None:
             count = self._errors.get((call.key, call.error), 0) + 1
             self._errors[(call.key, call.error)] = count
-            if found is None and count >= ERROR_REPEATS:
-                found = ToolFinding("tool_error", (call,), count)
+            if count >= ERROR_REPEATS:
+                found.append(ToolFinding("tool_error", (call,), count))
         return found
 
     @property

@@ -100,7 +100,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     metrics.overhead.observe(sent - began)
     async with open_upstream(request.app[CLIENT], "POST", url, headers, exchange.body) as upstream:
         metrics.upstream_latency.observe(time.perf_counter() - sent)
-        exchange.on_response_headers(upstream.headers)
+        exchange.on_response_headers(upstream.status, upstream.headers)
         response_headers = client_headers(upstream)
         response_headers.update(exchange.response_headers)
         content_type = upstream.headers.get("Content-Type", "")
@@ -142,6 +142,24 @@ def _upstream_error(status: int, body: bytes, headers) -> web.Response:
     return web.Response(status=status, body=body, headers=headers)
 
 
+class _ClientGone(Exception):
+    """The client closed its connection while its response was being written."""
+
+
+async def _write(response: web.StreamResponse, data: bytes) -> None:
+    try:
+        await response.write(data)
+    except ConnectionResetError as exc:  # aiohttp's ClientConnectionResetError is one
+        raise _ClientGone() from exc
+
+
+async def _write_eof(request: web.Request, response: web.StreamResponse) -> None:
+    try:
+        await response.write_eof()
+    except ConnectionResetError:
+        log.debug("client left before the end of %s", request.path)
+
+
 async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, headers,
                         exchange: guard_module.Exchange) -> web.StreamResponse:
     response = web.StreamResponse(status=200, headers=headers)
@@ -152,24 +170,31 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
         async for chunk in upstream.content.iter_any():
             cut = exchange.on_stream_bytes(chunk)
             if cut is None:
-                await response.write(chunk)
+                await _write(response, chunk)
                 continue
             # The guard cut the stream: stop reading at once so the provider stops generating.
             upstream.close()
             forward, ending = cut
-            await response.write(chunk[:forward] + ending)
+            await _write(response, chunk[:forward] + ending)
             break
         else:
             exchange.on_stream_end()
+    except _ClientGone:
+        log.debug("client left mid-stream on %s", request.path)
+        upstream.close()
+        return response
     except Exception as exc:
         if not is_read_failure(exc):
             raise
         failure = _read_failure(exc)
         log.warning("upstream stream failed: %s", failure.message)
-        await response.write(sse_error_event(failure.message, "upstream_error", failure.code))
+        try:
+            await _write(response, sse_error_event(failure.message, "upstream_error", failure.code))
+        except _ClientGone:
+            return response
     finally:
         open_streams.dec()
-    await response.write_eof()
+    await _write_eof(request, response)
     return response
 
 
@@ -190,7 +215,11 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         await response.prepare(request)
         try:
             async for chunk in upstream.content.iter_chunked(_STREAM_CHUNK):
-                await response.write(chunk)
+                await _write(response, chunk)
+        except _ClientGone:
+            log.debug("client left mid-transfer on %s", request.path)
+            upstream.close()
+            return response
         except Exception as exc:
             if not is_read_failure(exc):
                 raise
@@ -199,7 +228,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             if request.transport is not None:
                 request.transport.close()
             return response
-        await response.write_eof()
+        await _write_eof(request, response)
         return response
 
 

@@ -33,18 +33,19 @@ from proxy.detect.engine import (
 )
 from proxy.detect.judge_policy import check_due, judge_window
 from proxy.detect.normalize import digest
-from proxy.detect.texts import stop_text, warning_text
+from proxy.detect.texts import cut_notice, stop_text, warning_text
 from proxy.judge import JUDGE_HEADER, Judge
 from proxy.server.upstream import json_error
 from proxy.store.writer import SessionSeen, utcnow
 from proxy.wire.chat import ChatStreamAssembler, message_text, response_message
 from proxy.wire.errors import sse_error_event
-from proxy.wire.sse import SSEParser, complete_events_end
+from proxy.wire.sse import SSEParser
 
 log = logging.getLogger("loopwarden.guard")
 
-SESSION_HEADERS = ("X-Loopwarden-Session", "X-Session-Id", "X-Claude-Code-Session-Id", "session_id",
-                   "X-Session-Affinity", "Helicone-Session-Id", "X-Litellm-Session-Id")
+# Read in this order; the README lists them with the agents that send them.
+SESSION_HEADERS = ("X-Loopwarden-Session", "X-Session-Id", "X-Claude-Code-Session-Id", "session_id", "session-id",
+                   "thread-id", "X-Session-Affinity", "Helicone-Session-Id", "X-Litellm-Session-Id")
 CACHED_SESSIONS = 4096
 REMEMBERED_EPISODES = 100_000
 DEFAULT_COMPLETION_TOKENS = 4096
@@ -96,17 +97,21 @@ class Exchange:
         self.response_headers: dict[str, str] = response_headers or {}
         self.request_id: str | None = None
         self.after_forward: Callable[[], None] | None = None
+        self.on_delivered: Callable[[str | None], None] | None = None  # the model has this request's warnings
 
-    def on_response_headers(self, headers) -> None:
+    def on_response_headers(self, status: int, headers) -> None:
         """The request has been forwarded and answered: background work may start now."""
         self.request_id = headers.get("x-request-id")
+        if status == 200 and self.on_delivered is not None:
+            self.on_delivered(self.request_id)
+            self.on_delivered = None
         if self.after_forward is not None:
             self.after_forward()
             self.after_forward = None
 
     def on_stream_bytes(self, chunk: bytes) -> tuple[int, bytes] | None:
         """Read a copy of upstream bytes. When the stream must end here: how much of `chunk` to
-        forward, and the bytes that end the stream."""
+        forward (up to the end of the event that completed the loop), and the bytes that end the stream."""
         return None
 
     def on_stream_end(self) -> None:
@@ -120,24 +125,21 @@ class WatchedExchange(Exchange):
     """An exchange whose response is watched by the engine."""
 
     def __init__(self, guard: "Guard", body: bytes, response_headers: dict[str, str], context: dict,
-                 watcher: ResponseWatcher, max_completion: int) -> None:
+                 watcher: ResponseWatcher, max_completion: int, warned: Episode | None) -> None:
         super().__init__(body, response_headers)
         self._guard = guard
         self._context = context
         self._watcher = watcher
         self._max_completion = max_completion
+        self._warned = warned  # the latest warning this request carries: did the model move on from it?
         self._parser = SSEParser()
         self._assembler = ChatStreamAssembler()
-        self._tail = b""
-        self._done = False
 
     def on_stream_bytes(self, chunk: bytes) -> tuple[int, bytes] | None:
-        found = None
+        event_start = 0 if self._parser.at_boundary else -1  # -1: the first event began in an earlier read
         for event in self._parser.feed(chunk):
+            start, event_start = event_start, event.end
             if event.data == b"[DONE]":
-                self._done = True
-                continue
-            if found is not None:
                 continue
             try:
                 data = orjson.loads(event.data)
@@ -148,27 +150,36 @@ class WatchedExchange(Exchange):
             text, call_started = self._assembler.add(data)
             if text:
                 found = self._watcher.text(text)
-            if found is None and call_started:
+                if found is not None:
+                    return event.end, self._ending(found)  # the delta that completed the chant is the last
+            if call_started:
                 found = self._watcher.tool_call_started()
-        tail, self._tail = self._tail, (self._tail + chunk[-4:])[-4:]
-        if found is None or self._done:
-            return None  # a stream that already ended by itself is counted at its end, not cut
-        return complete_events_end(tail, chunk), self._ending(found)
+                if found is not None:
+                    # The text before this call chanted: end before the call, unless it began earlier.
+                    return (start if start >= 0 else event.end), self._ending(found)
+        return None
 
     def _ending(self, episode: Episode) -> bytes:
-        """Count the episode and build the stream's last bytes: a clean stop, or the stop's error."""
+        """Count the episode and build the stream's last bytes: the notice and a clean stop, or the stop's error."""
         saved = max(0, self._max_completion - len(self._assembler.text) // 4)
         if episode.is_stop:
             self._guard.log_episode(self._context, episode, "stopped", self.request_id, saved)
             return sse_error_event(stop_text(episode), "loop_detected", "loop_detected")
-        self._guard.log_episode(self._context, episode, "cut", self.request_id, saved)
-        final = {
-            "id": self._assembler.response_id, "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": self._assembler.model,
-            "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}],
-            "loopwarden": {"loop": episode.type, "action": "cut", "episode": f"{episode.number}/{episode.limit}"},
-        }
-        return b"data: " + orjson.dumps(final) + b"\n\ndata: [DONE]\n\n"
+        notice = self._guard.settings.cut_notice
+        # With the notice, later requests show the cut was served (and logged) here: the row is this response's.
+        self._guard.log_episode(self._context, episode, "cut", self.request_id, saved,
+                                served_by=self._assembler.response_id if notice else None)
+        head = {"id": self._assembler.response_id, "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": self._assembler.model}
+        ending = b""
+        if notice:
+            ending = b"data: " + orjson.dumps({**head, "choices": [
+                {"index": 0, "delta": {"content": cut_notice(episode)}, "logprobs": None,
+                 "finish_reason": None}]}) + b"\n\n"
+        final = {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}],
+                 "loopwarden": {"loop": episode.type, "action": "cut",
+                                "episode": f"{episode.number}/{episode.limit}"}}
+        return ending + b"data: " + orjson.dumps(final) + b"\n\ndata: [DONE]\n\n"
 
     def on_stream_end(self) -> None:
         self._finish(self._assembler.message())
@@ -183,12 +194,11 @@ class WatchedExchange(Exchange):
         self._finish(message)
 
     def _finish(self, message: dict) -> None:
-        episode = self._watcher.episode or self._watcher.finish(message.get("tool_calls") or [])
-        if episode is not None:
-            # A stop saves at least the next request, which will be larger than this one.
-            saved = len(self.body) // 4 if episode.is_stop else 0
-            self._guard.log_episode(self._context, episode, "stopped" if episode.is_stop else "warned",
-                                    self.request_id, saved)
+        """The answer is whole. Its own episode, if any, is logged when its warning or stop is served; an
+        answer that completes none, given a warning, is the model moving on."""
+        if self._watcher.episode is None and self._watcher.finish(message.get("tool_calls") or []) is None \
+                and self._warned is not None:
+            self._guard.log_recovery(self._context, self._warned)
 
 
 class Guard:
@@ -253,10 +263,9 @@ class Guard:
         context = {"tenant": tenant, "session_id": session_id, "task": state.key, "model": model}
 
         stop = decision.stop
-        for episode in decision.episodes:
-            saved = len(raw) // 4 if episode is stop else 0
-            self.log_episode(context, episode, "stopped" if episode.is_stop else "warned", None, saved)
         if stop is not None:
+            # A stop saves at least the request it refused.
+            self.log_episode(context, stop, "stopped", None, len(raw) // 4)
             exchange = Exchange(raw, headers)
             exchange.stop = json_error(400, stop_text(stop), "loop_detected", "loop_detected",
                                        headers={**headers, "X-Loopwarden-Loop": stop.type,
@@ -271,7 +280,11 @@ class Guard:
         watcher = ResponseWatcher(self.config, _detached(state, cache), decision, len(messages), plan_mode)
         max_completion = payload.get("max_completion_tokens") or payload.get("max_tokens")
         max_completion = max_completion if isinstance(max_completion, int) else DEFAULT_COMPLETION_TOKENS
-        exchange = WatchedExchange(self, body, headers, context, watcher, max_completion)
+        warnings = decision.warnings
+        exchange = WatchedExchange(self, body, headers, context, watcher, max_completion,
+                                   warnings[-1] if warnings else None)
+        if warnings:
+            exchange.on_delivered = lambda request_id: self._log_warnings(context, warnings, request_id)
         if self.judge is not None and key not in self._judging and model and \
                 check_due(state.turns, self.settings.llm_check_after_turns, checks):
             exchange.after_forward = lambda: self._start_judge(key, context, state, messages, client_key(request))
@@ -306,10 +319,34 @@ class Guard:
             result.insert(episode.place, {"role": self.settings.warning_role, "content": warning_text(episode)})
         return result
 
+    def _log_warnings(self, context: dict, warnings: list[Episode], request_id: str | None) -> None:
+        """The warnings reached the model: each is logged once, when a request first carries it. A chant the
+        proxy cut was logged as the cut."""
+        for episode in warnings:
+            if not episode.was_cut:
+                self.log_episode(context, episode, "warned", request_id, 0)
+
+    def log_recovery(self, context: dict, episode: Episode) -> None:
+        """The model answered a request carrying this warning without completing another episode."""
+        key = "recovered:" + self._episode_key(context, episode)
+        if key in self._logged:
+            return
+        self._logged.put(key, True)
+        if self.store is not None:
+            self.store.writer.add_recovery({"b_tenant": context["tenant"], "b_session_id": context["session_id"],
+                                            "b_task": context["task"], "b_episode": episode.number})
+
+    @staticmethod
+    def _episode_key(context: dict, episode: Episode, served_by: str | None = None) -> str:
+        return digest(f"{context['tenant']}\x00{context['session_id']}\x00{context['task']}\x00"
+                      f"{episode.message_index}\x00{served_by or ''}").hex()
+
     def log_episode(self, context: dict, episode: Episode, action: str, request_id: str | None,
-                    tokens_saved: int) -> None:
-        key = digest(f"{context['tenant']}\x00{context['session_id']}\x00{context['task']}\x00"
-                     f"{episode.message_index}").hex()
+                    tokens_saved: int, served_by: str | None = None) -> None:
+        """One record per episode served. The key is the episode's place in this run of the task (a resent
+        request finds the same key; a rerun has other call ids, so another task); a cut also names the
+        response it cut, as a text-only rerun can repeat the same conversation word for word."""
+        key = self._episode_key(context, episode, served_by)
         if key in self._logged:
             return
         self._logged.put(key, True)

@@ -34,6 +34,8 @@ class Detection(Base):
     detail: Mapped[dict] = mapped_column(JSON())
     request_id: Mapped[str | None] = mapped_column(String(256))
     tokens_saved_estimate: Mapped[int] = mapped_column(Integer(), default=0)
+    # The model answered a request carrying this warning without completing another episode.
+    recovered: Mapped[bool] = mapped_column(Boolean(), default=False)
     # One row per episode, however many replicas or requests see it.
     episode_key: Mapped[str] = mapped_column(String(64))
 
@@ -42,6 +44,7 @@ class Detection(Base):
         Index("ix_detections_created_at", "created_at"),
         Index("ix_detections_session", "tenant", "session_id", "created_at"),
         Index("ix_detections_type", "type", "created_at"),
+        Index("ix_detections_task", "tenant", "session_id", "task", "episode"),
     )
 
 

@@ -54,6 +54,7 @@ def detection_dict(row: Any) -> dict[str, Any]:
         "task": row.task, "model": row.model, "type": row.type, "action": row.action,
         "episode": row.episode, "episode_limit": row.episode_limit, "turn": row.turn, "detail": row.detail,
         "request_id": row.request_id, "tokens_saved_estimate": row.tokens_saved_estimate,
+        "recovered": row.recovered,
     }
 
 
@@ -120,8 +121,12 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
         saved = (await connection.execute(
             select(func.coalesce(func.sum(Detection.tokens_saved_estimate), 0)).where(condition))).scalar()
         task_key = Detection.tenant + ":" + Detection.session_id + ":" + Detection.task
-        warned_tasks = set((await connection.execute(
-            select(task_key).where(condition, Detection.action.in_(("warned", "cut"))).distinct())).scalars())
+        # Per warned task: its last warning (or cut), and whether the model moved on from it.
+        last_warnings = (await connection.execute(
+            select(task_key, func.max(Detection.episode)).where(condition, Detection.action.in_(("warned", "cut")))
+            .group_by(task_key))).all()
+        moved_on = {(task, episode) for task, episode in (await connection.execute(
+            select(task_key, Detection.episode).where(condition, Detection.recovered.is_(True)))).all()}
         stopped_tasks = set((await connection.execute(
             select(task_key).where(condition, Detection.action == "stopped").distinct())).scalars())
         judge_condition = [JudgeCheckRow.created_at >= since] if since else []
@@ -130,7 +135,9 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
         judge = (await connection.execute(
             select(func.count(), func.coalesce(func.sum(JudgeCheckRow.tokens), 0)).where(
                 and_(True, *judge_condition)))).one()
-    recovered = len(warned_tasks - stopped_tasks)
+    # A recovery: the model was given the task's last warning and moved on, and the task never reached the stop.
+    warned_tasks = {task for task, _ in last_warnings}
+    recovered = sum(1 for task, episode in last_warnings if (task, episode) in moved_on and task not in stopped_tasks)
     return {
         "since": iso(since),
         "detections": sum(by_type.values()),

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
-from sqlalchemy import func
+from sqlalchemy import bindparam, func, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -64,6 +64,10 @@ class LogWriter:
         self._insert_detections = dialect_insert(engine, Detection).on_conflict_do_nothing(
             index_elements=["episode_key"])
         self._insert_checks = dialect_insert(engine, JudgeCheckRow)
+        self._mark_recovered = update(Detection).where(
+            Detection.tenant == bindparam("b_tenant"), Detection.session_id == bindparam("b_session_id"),
+            Detection.task == bindparam("b_task"), Detection.episode == bindparam("b_episode"),
+        ).values(recovered=True)
         upsert = dialect_insert(engine, SessionRow)
         self._upsert_sessions = upsert.on_conflict_do_update(
             index_elements=["tenant", "session_id"],
@@ -84,6 +88,11 @@ class LogWriter:
 
     def add_judge_check(self, values: dict) -> None:
         self._add({"table": JudgeCheckRow, "values": values})
+
+    def add_recovery(self, values: dict) -> None:
+        """Mark a task's episode as answered by a model that moved on (b_tenant, b_session_id, b_task,
+        b_episode). Written after the rows before it, so the episode's own row is there first."""
+        self._add({"table": "recovered", "values": values})
 
     def session_seen(self, seen: SessionSeen) -> None:
         key = (seen.tenant, seen.session_id)
@@ -178,10 +187,13 @@ class LogWriter:
             async with self.engine.begin() as connection:
                 detections = [r["values"] for r in rows if r["table"] is Detection]
                 checks = [r["values"] for r in rows if r["table"] is JudgeCheckRow]
+                recoveries = [r["values"] for r in rows if r["table"] == "recovered"]
                 if detections:
                     await connection.execute(self._insert_detections, detections)
                 if checks:
                     await connection.execute(self._insert_checks, checks)
+                if recoveries:
+                    await connection.execute(self._mark_recovered, recoveries)
                 if sessions:
                     await connection.execute(self._upsert_sessions, [
                         {"tenant": seen.tenant, "session_id": seen.session_id, "first_seen": seen.at,

@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
 
 class SSEEvent(NamedTuple):
     data: bytes
     event: str | None = None
+    end: int = 0  # where, in the chunk that completed it, the event's closing blank line ends
 
 
 class SSEParser:
@@ -16,6 +19,8 @@ class SSEParser:
 
     Lines end with LF, CRLF or CR. Comments (`: keep-alive`) and fields other
     than `data` and `event` are ignored; an event without data is not emitted.
+    Each event says where it ended in the chunk, so a stream can be cut right
+    after any event, whatever the network reads held.
     """
 
     __slots__ = ("_rest", "_data", "_event", "_skip_lf")
@@ -26,27 +31,38 @@ class SSEParser:
         self._event: str | None = None
         self._skip_lf = False
 
+    @property
+    def at_boundary(self) -> bool:
+        """Nothing of a next event has been read yet: the next chunk starts a new event."""
+        return not self._rest and not self._data and self._event is None and not self._skip_lf
+
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         if not self._rest and not self._data and not self._skip_lf and chunk.startswith(b"data: ") \
                 and chunk.endswith(b"\n\n") and b"\r" not in chunk:
             # The usual case: whole one-line `data:` events, as providers send them; most often one.
             if chunk.count(b"\n") == 2:
-                return [SSEEvent(chunk[6:-2])]
+                return [SSEEvent(chunk[6:-2], None, len(chunk))]
             blocks = chunk[:-2].split(b"\n\n")
             if all(block.startswith(b"data: ") and b"\n" not in block for block in blocks):
-                return [SSEEvent(block[6:]) for block in blocks]
+                events = []
+                end = 0
+                for block in blocks:
+                    end += len(block) + 2
+                    events.append(SSEEvent(block[6:], None, end))
+                return events
+        offset = len(self._rest)  # where `chunk` starts in the buffer
+        buffer = self._rest + chunk if self._rest else chunk
+        position = 0
         if self._skip_lf and chunk.startswith(b"\n"):
-            chunk = chunk[1:]  # second half of a CRLF split across chunks
-        self._skip_lf = chunk.endswith(b"\r")
-        if b"\r" in chunk:
-            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        lines = (self._rest + chunk).split(b"\n") if self._rest else chunk.split(b"\n")
-        self._rest = lines.pop()
+            position = offset + 1  # second half of a CRLF split across chunks
+        self._skip_lf = False
         events: list[SSEEvent] = []
-        for line in lines:
+        for match in _LINE_END.finditer(buffer, position):
+            line = buffer[position:match.start()]
+            position = match.end()
             if not line:
                 if self._data:
-                    events.append(SSEEvent(b"\n".join(self._data), self._event))
+                    events.append(SSEEvent(b"\n".join(self._data), self._event, position - offset))
                 self._data = []
                 self._event = None
             elif line[0] == 58:  # ":" starts a comment
@@ -59,21 +75,6 @@ class SSEParser:
                     self._data.append(value)
                 elif name == b"event":
                     self._event = value.decode("utf-8", "replace")
+        self._skip_lf = buffer.endswith(b"\r") and position == len(buffer)
+        self._rest = buffer[position:]
         return events
-
-
-_BLANK_LINE = re.compile(rb"(?>\r\n|\r|\n)(?>\r\n|\r|\n)")
-
-
-def complete_events_end(tail: bytes, chunk: bytes) -> int:
-    """How many leading bytes of `chunk` end on an event boundary (a blank line).
-
-    `tail` is the end of the bytes before `chunk` (a few bytes suffice), so a
-    blank line split across the two is found too. Used to cut a stream without
-    leaving a half event in front of the proxy's own last event.
-    """
-    joined = tail + chunk
-    end = 0
-    for match in _BLANK_LINE.finditer(joined):
-        end = match.end()
-    return max(0, end - len(tail))
