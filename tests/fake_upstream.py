@@ -3,7 +3,7 @@
 It streams the way providers do: a role chunk first, content in small deltas,
 tool-call arguments split mid-token, several tool calls per response, a usage
 chunk with empty `choices`, `: keep-alive` comments, optional slow chunks,
-error statuses, and connections dropped mid-stream.
+error statuses, connections dropped mid-stream, and whole streams sent in one burst.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class Turn:
     latency: float = 0.0  # seconds before answering
     reject_response_format: tuple[str, ...] = ()  # answer 400 to these response_format types
     keepalive: bool = True
+    burst: bool = False  # the whole stream in one write, as fast local models and buffering gateways send it
 
 
 @dataclass
@@ -73,6 +74,7 @@ class FakeUpstream:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/v1/files/{file_id}/content", self._file_content)
         app.router.add_route("*", "/v1/{tail:.*}", self._echo)
         self.app = app
 
@@ -165,6 +167,9 @@ class FakeUpstream:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                **headers})
         await response.prepare(request)
+        if turn.burst:
+            chunks = [b"".join(chunks)]
+            record.planned = 1
         try:
             for number, chunk in enumerate(chunks):
                 if turn.drop_after is not None and number >= turn.drop_after:
@@ -224,6 +229,20 @@ class FakeUpstream:
                                   "data": [{"object": "embedding", "index": i, "embedding": [0.1 * i, 0.2, 0.3]}
                                            for i in range(len(inputs))],
                                   "usage": {"prompt_tokens": 3, "total_tokens": 3}})
+
+    async def _file_content(self, request: web.Request) -> web.StreamResponse:
+        """A file's content, streamed in lines, with a pause before the end of the body."""
+        await self._record(request)
+        response = web.StreamResponse(headers={"Content-Type": "application/jsonl"})
+        await response.prepare(request)
+        try:
+            for i in range(20):
+                await response.write(orjson.dumps({"line": i}) + b"\n")
+            await asyncio.sleep(0.2)
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        return response
 
     async def _echo(self, request: web.Request) -> web.Response:
         received = await self._record(request)

@@ -318,3 +318,28 @@ def test_memory_is_given_back_on_reset():
         tracemalloc.stop()
     assert grown - baseline > 200 * 50_000
     assert after - baseline < 200 * 1_000
+
+
+@pytest.mark.parametrize("blank", [
+    " " * 60 + "\n",  # indentation alone
+    "\n" * 60,  # runs of empty lines
+    "\t\t\t\t\t\t\t\t\t\t\t\t\n" * 6,
+    " " * 300,  # a line of nothing but spaces, longer than the classification window
+])
+def test_blank_text_is_never_chanting(blank):
+    assert first_chant([blank] * 40) is None
+
+
+def test_a_long_traceback_with_deep_indentation_is_not_chanting():
+    frames = "".join(f"{' ' * 48}File \"/srv/app/module_{i}.py\", line {i * 7}, in handler_{i}\n"
+                     f"{' ' * 52}result = dispatch(request, context)\n" for i in range(40))
+    assert first_chant([frames[i:i + 5] for i in range(0, len(frames), 5)]) is None
+
+
+def test_white_space_runs_count_as_one_so_a_chant_spread_with_spaces_is_found():
+    # The excerpt of a chant is never blank, and padding does not hide the chant.
+    tracker = ContentTracker()
+    found = None
+    for _ in range(12):
+        found = found or tracker.feed("I will    check the file again    now.   " + " " * 20 + "\n")
+    assert found is not None and found.repeated.strip()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import openai
 import pytest
 
@@ -270,3 +272,53 @@ async def test_session_header_order_and_fingerprint(upstream, proxy):
     await agent.close()
     await plain.close()
     await again.close()
+
+
+NOTICE = "\n\n[loopwarden] Output cut: the same text repeated 10 times."
+
+
+async def test_a_bursty_stream_is_cut_at_the_completing_delta_with_the_notice(upstream, proxy):
+    # The same answer paced and in one burst: the client gets the same text, up to the same delta.
+    seen = []
+    for burst in (False, True):
+        agent = Agent(proxy.url, stream=True, task=f"Explain the config ({burst}).")
+        upstream.script.append(Turn(content=SENTENCE * 300, chunk_chars=7, burst=burst))
+        message = await agent.turn()
+        assert message["content"].endswith(NOTICE)
+        assert agent.finish_reason == "stop"
+        assert agent.extras[-1]["loopwarden"] == {"loop": "content", "action": "cut", "episode": "1/2"}
+        seen.append(message["content"])
+        await agent.close()
+    assert seen[0] == seen[1]
+    text = seen[1][: -len(NOTICE)]
+    assert (SENTENCE * 300).startswith(text) and text.count(SENTENCE.strip()) <= 10
+    assert len(text) % 7 == 0  # whole deltas only
+
+
+async def test_after_a_cut_the_notice_is_the_proxys_text_and_the_cut_is_logged_once(upstream, proxy):
+    agent = Agent(proxy.url, stream=True, headers={"X-Loopwarden-Session": "cut-once"})
+    upstream.script.append(Turn(content=SENTENCE * 300, chunk_chars=9, burst=True))
+    await agent.turn()
+    for answer in ("Sorry, here is the summary instead.", "And the second part of it.", "Done."):
+        upstream.script.append(Turn(content=answer))
+        await agent.turn()
+        (warning,) = warnings_in(upstream.chat_requests[-1])  # the cut's warning, re-created in its place
+        assert warning[1].startswith("[loopwarden] Loop detected (1/2)")
+    import aiohttp
+
+    await asyncio.sleep(0.5)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{proxy.root}/loopwarden/api/detections", params={"session": "cut-once"}) as response:
+            rows = (await response.json())["data"]
+    assert [(r["type"], r["action"], r["recovered"]) for r in rows] == [("content", "cut", True)]
+    await agent.close()
+
+
+async def test_the_notice_can_be_turned_off(upstream, proxy_factory):
+    running = await proxy_factory(upstream.url, cut_notice=False)
+    agent = Agent(running.url, stream=True)
+    upstream.script.append(Turn(content=SENTENCE * 300, chunk_chars=7, burst=True))
+    message = await agent.turn()
+    assert "[loopwarden]" not in message["content"] and (SENTENCE * 300).startswith(message["content"])
+    assert agent.extras[-1]["loopwarden"]["action"] == "cut"
+    await agent.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import orjson
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from proxy.detect.engine import DetectConfig, Decision, ResponseWatcher, analyze, episodes
@@ -337,3 +338,110 @@ def test_benign_conversations_never_trigger(seed):
         parts.append(step(tool, {"path": f"src/m{i}.py", "line": rng.randint(1, 500)},
                           f"done {i}: {rng.random()}", text=prose))
     assert kinds(conversation(*parts)) == []
+
+
+# Real result shapes from real agents: told apart by form, masked by meaning.
+
+QWEN_UNCHANGED = ("[File a.txt unchanged since last read in this session. Its content is the same as shown in the "
+                  "earlier read. If you cannot retrieve that prior content from the conversation, read it again "
+                  "with a different offset.]")
+QWEN_INVALID = "params must NOT have additional properties"
+
+
+def test_qwen_unchanged_read_is_a_success_and_its_loop_says_so():
+    assert kinds(conversation(user("go"), *same_calls(4, result=QWEN_UNCHANGED))) == []
+    (found,) = eps(conversation(user("go"), *same_calls(5, result=QWEN_UNCHANGED)))
+    assert found.type == "tool_call"
+    assert "got the same result each time" in warning_text(found) and "failed" not in warning_text(found)
+
+
+def test_qwen_validation_error_is_an_error():
+    found = eps(conversation(user("go"), *same_calls(3, name="read_file", args={"path": "a", "bogus": 1},
+                                                     result=QWEN_INVALID)))
+    assert [(e.type, e.detail["error"]) for e in found] == [("tool_error", QWEN_INVALID)]
+
+
+@pytest.mark.parametrize("success", [
+    "Found 3 matches:\nsrc/errors.py: class ValidationError(Exception):\nsrc/app.py: raise Error('x')",
+    "<file>\n00001| def handle_error(error):\n00002|     log.error(error)\n</file>",
+    "Chunk ID: 4fa1\nWall time: 0.0021 seconds\nProcess exited with code 0\nOutput:\nerror: none of the tests failed",
+    '{"status": "ok", "errors": [], "message": "no error"}',
+])
+def test_successes_that_mention_errors_are_successes(success):
+    assert kinds(conversation(user("go"), *same_calls(4, result=success))) == []
+
+
+@pytest.mark.parametrize("failure", [
+    "Error: ENOENT: no such file or directory",
+    "Traceback (most recent call last):\n  File \"a.py\", line 1\nZeroDivisionError: division by zero",
+    "Chunk ID: 4fa1\nWall time: 0.0021 seconds\nProcess exited with code 2\nOutput:\nmake: *** [all] Error 2",
+    '{"error": {"message": "rate limited"}}',
+    "<returncode>1</returncode>\n<output>\ngrep: src: Is a directory\n</output>",
+    "cat: src/app.py: No such file or directory",
+])
+def test_errors_by_their_form(failure):
+    assert kinds(conversation(user("go"), *same_calls(3, result=failure))) == [(1, "tool_error")]
+
+
+def test_codex_shell_outputs_differing_only_in_chunk_id_and_wall_time_are_the_same_result():
+    outputs = [f"Chunk ID: {token}\nWall time: 0.00{i}3 seconds\nProcess exited with code 0\nOriginal token count: 12\n"
+               f"Output:\nsrc/app.py\nsrc/util.py\n" for i, token in enumerate(["d131b6", "9f2", "a0c4e7", "1b", "77e0aa"])]
+    calls = [step("shell", {"command": ["bash", "-lc", "ls src"]}, out) for out in outputs]
+    assert kinds(conversation(user("go"), *calls)) == [(1, "tool_call")]
+
+
+def test_shell_line_numbers_do_not_hide_the_same_failure():
+    calls = [step("bash", {"command": "cd fastjson/"}, f"/bin/bash: line {11301 + 7 * i}: cd: fastjson/: "
+                                                       "No such file or directory") for i in range(3)]
+    found = eps(conversation(user("go"), *calls))
+    assert [(e.type, e.detail["tool"]) for e in found] == [("tool_error", "bash")]
+
+
+def test_the_same_call_past_three_times_the_threshold_is_a_loop_whatever_its_results():
+    edit = {"path": "src/app.py", "line": 40, "text": "    return parse(value)"}
+    calls = [step("edit_file", edit, f"Edited src/app.py: now {100 + i} lines") for i in range(16)]
+    found = eps(conversation(user("go"), *calls[:14]))
+    assert found == []
+    found = eps(conversation(user("go"), *calls))
+    assert [(e.type, e.turn) for e in found] == [("tool_call", 15), ("tool_call", 16)]
+    assert found[0].detail["same_result"] is False
+    assert "its result changed" in warning_text(found[0])
+    # A whitelisted tool is never counted, however often.
+    assert eps(conversation(user("go"), *calls), DetectConfig(whitelisted_tools=frozenset({"edit_file"}))) == []
+
+
+def test_a_poll_whose_answer_changes_is_progress_up_to_the_bound():
+    polls = [step("job_status", {"id": 7}, f"running: {i}% done") for i in range(14)]
+    assert kinds(conversation(user("go"), *polls)) == []
+
+
+def test_a_cycle_names_each_call_with_its_arguments():
+    calls = []
+    for _ in range(5):
+        calls += [step("read", {"filePath": "/repo/a.ts"}, "<file>a</file>"),
+                  step("read", {"filePath": "/repo/b.ts"}, "<file>b</file>")]
+    (found,) = eps(conversation(user("go"), *calls))
+    assert found.type == "tool_cycle"
+    assert ('`read` with {"filePath":"/repo/a.ts"} → `read` with {"filePath":"/repo/b.ts"}'
+            in stop_text(found))
+
+
+def test_the_cut_notice_in_history_is_not_the_models_text():
+    notice = "\n\n[loopwarden] Output cut: the same text repeated 10 times."
+    # Five cut answers whose own text differs: only the notices would repeat.
+    messages = conversation(user("go"))
+    for i in range(12):
+        messages += [assistant(f"Attempt {i} at the parser, with a different idea each time ({i * 37})." + notice),
+                     user("continue")]
+    assert kinds(messages) == []
+    state, _ = analyze(DEFAULT, conversation(user("go"), assistant(SENTENCE * 10 + notice)))
+    assert [f.was_cut for f in state.findings] == [True]
+
+
+def test_a_rerun_of_the_same_prompt_is_another_task():
+    first = conversation(user("go"), *same_calls(2))
+    rerun = conversation(user("go"), *same_calls(2))  # the model gave new call ids
+    key = lambda messages: analyze(DEFAULT, messages)[0].key  # noqa: E731
+    assert key(first) != key(rerun)
+    assert key(first) == key(first + same_calls(1)[0])  # the same run, one turn longer
+    assert key(conversation(user("go"), assistant("hi"))) == key(conversation(user("go"), assistant("hello")))

@@ -122,11 +122,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def _serve(database_url: str, upstream_url: str) -> tuple[subprocess.Popen, int]:
+async def _serve(database_url: str, upstream_url: str, log_level: str = "warning") -> tuple[subprocess.Popen, int]:
     port = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream", upstream_url,
-         "--database-url", database_url, "--log-level", "warning"],
+         "--database-url", database_url, "--log-level", log_level],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     async with aiohttp.ClientSession() as http:
         for _ in range(200):
@@ -154,7 +154,7 @@ async def test_two_proxy_processes_share_controls(upstream, postgres_url):
         assert status == 200
         second = Agent(f"http://127.0.0.1:{port_b}/v1", headers={"X-Loopwarden-Session": "replicated"})
         await asyncio.sleep(1.5)  # the other replica's poll interval
-        await loop_until_stopped(second, upstream)
+        await same_calls(second, upstream, 8)
         upstream.script.append(Turn(content="x"))
         await second.turn()  # a stop would raise: detection is off for this session on replica B too
         assert all(not str(m.get("content", "")).startswith("[loopwarden]")

@@ -38,3 +38,24 @@ async def test_sigterm_lets_a_stream_in_flight_finish(upstream, tmp_path):
         if process.returncode is None:
             process.kill()
         process.communicate()
+
+
+async def test_debug_logging_is_loopwardens_own_and_the_access_log(upstream, tmp_path):
+    process, port = await _serve(f"sqlite+aiosqlite:///{tmp_path}/debug.db", upstream.url, log_level="debug")
+    try:
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-x", max_retries=0)
+        for _ in range(3):
+            upstream.script.append(Turn(content="hello"))
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}])
+        await client.close()
+        await asyncio.sleep(0.6)  # a flush of the log writer, which talks to the database
+        process.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.to_thread(process.communicate, timeout=30)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            process.communicate()
+    lines = stderr.decode().splitlines()
+    assert any(" aiohttp.access: " in line and "POST /v1/chat/completions" in line for line in lines)
+    debug_sources = {line.split(" DEBUG ")[1].split(":")[0] for line in lines if " DEBUG " in line}
+    assert debug_sources and all(name.startswith("loopwarden") for name in debug_sources), debug_sources

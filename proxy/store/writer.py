@@ -206,6 +206,7 @@ class LogWriter:
         finally:
             self._in_flight = 0
         self.written += len(rows)
+        log.debug("wrote %d log records and %d session sightings", len(rows), len(sessions))
         return len(rows) == BATCH or len(sessions) == BATCH
 
     def _restore(self, rows: list[dict], sessions: list) -> None:
