@@ -33,27 +33,30 @@ _NOISE = re.compile(
     re.VERBOSE,
 )
 _HEX_RUN = re.compile(r"[0-9a-f]{7,}")
-# An id after a label (`Chunk ID: d131b6`, `request_id=ab12`, `"call_id": "x"`), whatever its length.
-_LABELED_ID = re.compile(r"""(?<![A-Za-z])([Ii][Dd]"?[\x20\t]*[:=#][\x20\t]*"?)[\w.-]+""")
+# An id after a label (`Chunk ID: d131b6`, `request_id=ab12`, `"call_id": "x"`), whatever its length. The
+# pattern starts with its letters and looks back once, so the engine skips other text quickly.
+_LABELED_ID = re.compile(r"""([Ii][Dd](?<![A-Za-z]..)"?[\x20\t]*[:=#][\x20\t]*"?)[\w.-]+""")
 _SPACE = re.compile(r"\s+")
 
-# What an error looks like, judged by its form, never by an error word somewhere in a successful answer.
+# What an error looks like, judged by its form on the start of the raw result, never by an error word
+# somewhere in a successful answer. Each form is looked for only where a plain substring says it may be.
 _ERROR_HEAD = 600
-_ERROR_FORMS = re.compile(
-    r"""
-      \A\W{0,3}(?:error|fatal|exception|panic|failed|failure|err)(?![a-z])             # a leading `Error:`, `fatal:`
-    | \A[A-Z]\w*(?:Error|Exception)\b                                                  # `ValueError: ...`
-    | Traceback\x20\(most\x20recent\x20call\x20last\) | ^Exception\x20in\x20thread\x20   # tracebacks
-    | (?:exit(?:ed)?(?:\x20with)?[\x20_](?:code|status)|return[\x20_]?code)\W{0,3}-?[1-9]   # a non-zero exit code
-    | <returncode>\s*-?[1-9]
-    | ^(?:/(?:usr/)?bin/)?(?:ba|z|da)?sh:\x20                                          # the shell's own errors
-    | ^[\w./-]+:\x20(?:[^\n]*:\x20)?(?:No\x20such\x20file\x20or\x20directory|Permission\x20denied
-        |command\x20not\x20found|Not\x20a\x20directory|Is\x20a\x20directory)
-    | must\x20NOT\x20have\x20additional\x20properties | must\x20have\x20required\x20property  # validation
-    | is\x20a\x20required\x20property | validation\x20errors?\x20for | \A\W{0,3}invalid\x20(?:tool\x20)?(?:param|arg)
-    """,
-    re.VERBOSE | re.IGNORECASE | re.MULTILINE,
+_LEADING_ERROR = re.compile(
+    r"\W{0,3}(?:error|fatal|exception|panic|failed|failure|err)(?![a-z])"  # `Error:`, `fatal:`, `error[E0425]`
+    r"|(?-i:[A-Z]\w*(?:Error|Exception))\b"  # `ValueError: ...`
+    r"|invalid\x20(?:tool\x20)?(?:param|arg)",
+    re.IGNORECASE,
 )
+_EXIT_CODE = re.compile(r"(?:exit(?:ed)?(?:\x20with)?[\x20_](?:code|status)|return[\x20_]?code|<returncode>)\W{0,3}-?[1-9]")
+_SHELL_ERROR = re.compile(
+    r"^(?:(?:/(?:usr/)?bin/)?(?:ba|z|da)?sh:\x20"  # the shell's own errors
+    r"|[\w./-]+:\x20(?:[^\n]*:\x20)?(?:No\x20such\x20file\x20or\x20directory|Permission\x20denied"
+    r"|command\x20not\x20found|Not\x20a\x20directory|Is\x20a\x20directory))",
+    re.MULTILINE,
+)
+_SHELL_HINTS = ("sh: ", "No such file", "Permission denied", "not found", " a directory")
+_VALIDATION = ("must not have additional properties", "must have required property", "is a required property",
+               "validation error")
 
 
 def _hex_id(match: re.Match) -> str:
@@ -63,9 +66,7 @@ def _hex_id(match: re.Match) -> str:
 
 def mask(text: str) -> str:
     """The text with run-to-run noise replaced and white space folded."""
-    text = _NOISE.sub("\x00", text)
-    if "d" in text or "D" in text:
-        text = _LABELED_ID.sub("\\1\x00", text)
+    text = _LABELED_ID.sub("\\1\x00", _NOISE.sub("\x00", text))
     return " ".join(_HEX_RUN.sub(_hex_id, text).split())
 
 
@@ -90,7 +91,7 @@ def canonical_arguments(arguments: object) -> str:
 
 def is_error_form(text: str) -> bool:
     """A tool result that reports a failure by its form: a leading `Error:`, a traceback, a non-zero exit
-    code, an `{"error": ...}` object, a shell or validation error. Judged on the raw text's start."""
+    code, an `{"error": ...}` object, a shell or validation error."""
     head = text[:_ERROR_HEAD].lstrip()
     if head.startswith("{"):
         try:
@@ -99,7 +100,15 @@ def is_error_form(text: str) -> bool:
             pass
         else:  # a JSON answer is an error when it says so in an `error` field
             return isinstance(value, dict) and bool(value.get("error"))
-    return _ERROR_FORMS.search(head) is not None
+    if _LEADING_ERROR.match(head) or "Traceback (most recent call last)" in head \
+            or head.startswith("Exception in thread "):
+        return True
+    lowered = head.lower()
+    if ("exit" in lowered or "code" in lowered) and _EXIT_CODE.search(lowered):
+        return True
+    if any(hint in head for hint in _SHELL_HINTS) and _SHELL_ERROR.search(head):
+        return True
+    return any(form in lowered for form in _VALIDATION)
 
 
 def excerpt(text: str, limit: int = 120) -> str:
