@@ -251,7 +251,7 @@ def _stream(config, messages, text_deltas, tool_calls=(), plan_mode=False):
     for i, delta in enumerate(text_deltas):
         if watcher.text(delta):
             return "cut", i, watcher.episode
-    return "end", None, watcher.finish(list(tool_calls))
+    return "end", None, watcher.finish({"role": "assistant", "content": "".join(text_deltas), "tool_calls": list(tool_calls)})
 
 
 def test_response_watcher_cuts_chanting_as_it_streams():

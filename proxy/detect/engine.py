@@ -17,6 +17,15 @@ import orjson
 from proxy.detect.content import ContentTracker
 from proxy.detect.judge_policy import JudgeCheck
 from proxy.detect.normalize import canonical_arguments, digest, excerpt, is_error_form, mask
+from proxy.detect.text_steps import (
+    TextAction,
+    is_observation,
+    observation_failed,
+    observation_text,
+    read_actions,
+    task_text,
+    trajectory,
+)
 from proxy.detect.tools import Call, ToolFinding, ToolTracker
 from proxy.wire.chat import message_text
 
@@ -74,6 +83,11 @@ class Finding:
     turn: int
     trips: list[tuple[str, dict]]
     was_cut: bool = False  # the message carries the cut notice: the proxy cut it, and logged it then
+    step: int = 0  # the step within the message, for a DSPy trajectory that holds many
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return self.message_index, self.step
 
 
 @dataclass(frozen=True)
@@ -86,6 +100,7 @@ class Episode:
     place: int
     turn: int
     was_cut: bool = False
+    step: int = 0
 
     @property
     def is_stop(self) -> bool:
@@ -101,11 +116,12 @@ class TaskState:
     turns: int = 0
     anchored: bool = False  # the task's first assistant turn has been seen (and named the run)
     findings: list[Finding] = field(default_factory=list)
-    turn_places: list[tuple[int, int]] = field(default_factory=list)  # per turn: (message index, place)
+    turn_places: list[tuple[int, int, int]] = field(default_factory=list)  # per turn: (message index, step, place)
+    harness: set[bytes] = field(default_factory=set)  # masked user texts that answered the assistant in this task
 
     def clone(self) -> "TaskState":
         return TaskState(self.start, self.key, self.tools.clone(), self.content.clone(), self.turns,
-                         self.anchored, list(self.findings), list(self.turn_places))
+                         self.anchored, list(self.findings), list(self.turn_places), set(self.harness))
 
     def anchor(self, first_turn: dict) -> None:
         """Name this run of the task by its first assistant turn's first call id: a rerun of the same
@@ -131,7 +147,7 @@ def _fingerprint(message: dict) -> int:
 
 
 def _task_key(messages: list[dict], start: int) -> str:
-    opener = message_text(messages[start - 1]) if start > 0 else ""
+    opener = task_text(message_text(messages[start - 1])) if start > 0 else ""
     return digest(f"{start}\x00{opener}").hex()[:16]
 
 
@@ -167,16 +183,51 @@ def _tool_results(messages: list[dict], after: int) -> tuple[dict[str, tuple[str
 
 
 def make_call(raw: dict, results: dict[str, tuple[str, bool]]) -> Call:
+    """A native tool call, with its result when the conversation has it."""
     function = raw.get("function") or {}
     name = str(function.get("name") or "")
-    arguments = canonical_arguments(function.get("arguments") or "")
-    outcome = results.get(str(raw.get("id")))
+    return _call(name, canonical_arguments(function.get("arguments") or ""), results.get(str(raw.get("id"))))
+
+
+def _call(name: str, arguments: str, outcome: tuple[str, bool] | None) -> Call:
+    """A step, compared by meaning: the action's name and canonical arguments, and its masked result."""
     if outcome is None:
         return Call(f"{name}\x00{arguments}", name, arguments, None, None)
     text, marked = outcome
     masked = mask(text)
     error = masked[:500] if marked or is_error_form(text) else None
     return Call(f"{name}\x00{arguments}", name, arguments, digest(masked), error, masked[:160])
+
+
+def text_call(action: TextAction, observation: str | None, marked: bool = False) -> Call:
+    """An action written in text, and the observation that answered it (None while unknown)."""
+    return _call(action.name, action.arguments, None if observation is None else (observation, marked))
+
+
+def _user_answer(messages: list[dict], j: int) -> str | None:
+    """The text of the user message right after message j, if there is one."""
+    if j + 1 < len(messages):
+        answer = messages[j + 1]
+        if answer.get("role") == "user" and not is_injected(answer):
+            return message_text(answer)
+    return None
+
+
+def _text_steps(state: "TaskState", messages: list[dict], j: int, text: str) -> tuple[list[Call], int]:
+    """An assistant message without native tool calls: the steps it acts in text, and where the messages
+    that answer it end. A user message that is the harness talking (an observation, or the same text that
+    answered the assistant before in this task) is part of the step, not a new task."""
+    answer = _user_answer(messages, j)
+    actions = read_actions(text)
+    if answer is not None:
+        if actions and is_observation(answer):
+            observation, failed = observation_text(answer), observation_failed(answer)
+            return [text_call(action, observation, failed) for action in actions], j + 2
+        if state.harness and digest(mask(answer)) in state.harness:
+            # The harness repeating itself (a format error): what it answers is the step, failed.
+            actions = actions or [TextAction("reply", mask(text)[:2000])]
+            return [text_call(action, answer, marked=True) for action in actions], j + 2
+    return [text_call(action, None) for action in actions or ()], j + 1
 
 
 def _tool_detail(found: ToolFinding) -> dict:
@@ -210,10 +261,11 @@ def choose_trip(trips: list[tuple[str, dict]], previous_type: str | None) -> tup
 class Turn:
     """One assistant turn being folded: text first, then tool calls, then the finding."""
 
-    def __init__(self, config: DetectConfig, state: TaskState, message_index: int) -> None:
+    def __init__(self, config: DetectConfig, state: TaskState, message_index: int, step: int = 0) -> None:
         self.config = config
         self.state = state
         self.message_index = message_index
+        self.step = step
         state.turns += 1
         self.turn = state.turns
         state.content.threshold = config.content_threshold(self.turn)
@@ -250,13 +302,13 @@ class Turn:
 
     def finish(self, place: int, was_cut: bool = False) -> Finding | None:
         self.end_text()
-        self.state.turn_places.append((self.message_index, place))
+        self.state.turn_places.append((self.message_index, self.step, place))
         trips = [(kind, _tool_detail(self.tool_found[kind])) for kind in TYPES if kind in self.tool_found]
         if self.chant is not None:
             trips.append(("content", chant_detail(self.chant)))
         if not trips:
             return None
-        finding = Finding(self.message_index, place, self.turn, trips, was_cut)
+        finding = Finding(self.message_index, place, self.turn, trips, was_cut, self.step)
         self.state.findings.append(finding)
         return finding
 
@@ -272,18 +324,30 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[dict], begin: i
         if is_injected(message):
             j += 1
         elif role == "user":
+            text = message_text(message)
             state = _new_task(config, messages, j + 1)
+            if j > 0 and messages[j - 1].get("role") == "assistant":
+                state.harness.add(digest(mask(text)))  # if it comes again, it is the harness talking
+            for number, step in enumerate(trajectory(text) or (), start=1):
+                # DSPy's ReAct: each step of the trajectory in this message is a turn.
+                turn = Turn(config, state, j, number)
+                turn.tool_call(text_call(step.action, step.observation))
+                turn.finish(j + 1)
             j += 1
         elif role == "assistant":
-            results, after = _tool_results(messages, j + 1)
             state.anchor(message)
-            turn = Turn(config, state, j)
             text, was_cut = model_text(message)
+            raw_calls = [raw for raw in message.get("tool_calls") or () if isinstance(raw, dict)]
+            if raw_calls:
+                results, after = _tool_results(messages, j + 1)
+                calls = [make_call(raw, results) for raw in raw_calls]
+            else:
+                calls, after = _text_steps(state, messages, j, text)
+            turn = Turn(config, state, j)
             if text:
                 turn.text(text)
-            for raw in message.get("tool_calls") or ():
-                if isinstance(raw, dict):
-                    turn.tool_call(make_call(raw, results))
+            for call in calls:
+                turn.tool_call(call)
             turn.finish(after, was_cut)
             j = after
         else:
@@ -295,6 +359,8 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[dict], begin: i
 
 def _final_step_start(messages: list[dict]) -> int:
     """Where the messages whose results may still grow begin (the last call still unanswered)."""
+    if messages and messages[-1].get("role") == "assistant":
+        return len(messages) - 1  # its answer, native or in text, is still to come
     for j in range(len(messages) - 1, -1, -1):
         role = messages[j].get("role")
         if role == "tool":
@@ -332,28 +398,28 @@ def analyze(config: DetectConfig, messages: list[dict], reset_at: int = 0,
 def episodes(config: DetectConfig, state: TaskState, *, plan_mode: bool = False,
              judge_checks: list[JudgeCheck] = ()) -> list[Episode]:
     """Number the task's findings: one episode per message, named after its first allowed rule."""
-    trips_at: dict[int, tuple[Finding, list[tuple[str, dict]]]] = {}
+    trips_at: dict[tuple[int, int], tuple[Finding, list[tuple[str, dict]]]] = {}
     for finding in state.findings:
         trips = [t for t in finding.trips if not (plan_mode and t[0] == "content")]
         if trips:
-            trips_at[finding.message_index] = (finding, trips)
+            trips_at[finding.position] = (finding, trips)
     for check in judge_checks:
         if check.task != state.key or not check.is_loop(config.judge_confirm):
             continue
         # The verdict is about the turns it saw; it counts on the next turn after them.
         if check.turn < len(state.turn_places):
-            index, place = state.turn_places[check.turn]
+            index, step, place = state.turn_places[check.turn]
             detail = {"confidence": check.confidence, "analysis": excerpt(check.analysis, 300)}
-            if index in trips_at:
-                trips_at[index][1].append(("llm", detail))
+            if (index, step) in trips_at:
+                trips_at[index, step][1].append(("llm", detail))
             else:
-                trips_at[index] = (Finding(index, place, check.turn + 1, []), [("llm", detail)])
+                trips_at[index, step] = (Finding(index, place, check.turn + 1, [], step=step), [("llm", detail)])
     result: list[Episode] = []
     for number, index in enumerate(sorted(trips_at), start=1):
         finding, trips = trips_at[index]
         kind, detail = choose_trip(trips, result[-1].type if result else None)
         result.append(Episode(number, config.max_warnings, kind, detail, finding.message_index, finding.place,
-                              finding.turn, finding.was_cut))
+                              finding.turn, finding.was_cut, finding.step))
     return result
 
 
@@ -397,15 +463,18 @@ class ResponseWatcher:
     def tool_call_started(self) -> Episode | None:
         return self._content_episode() if self._turn.end_text() else None
 
-    def finish(self, tool_calls: list[dict]) -> Episode | None:
-        """The response is complete: its tool calls count now, their results still unknown."""
+    def finish(self, message: dict) -> Episode | None:
+        """The response is complete: its actions, native or written in text, count now, their results
+        still unknown."""
         if self.episode is not None:
             return None
-        if not tool_calls and self._turn.end_text():
+        raw_calls = [raw for raw in message.get("tool_calls") or () if isinstance(raw, dict)]
+        calls = [make_call(raw, {}) for raw in raw_calls] or \
+            [text_call(action, None) for action in read_actions(model_text(message)[0]) or ()]
+        if not calls and self._turn.end_text():
             return self._content_episode()
-        for raw in tool_calls:
-            if isinstance(raw, dict):
-                self._turn.tool_call(make_call(raw, {}))
+        for call in calls:
+            self._turn.tool_call(call)
         finding = self._turn.finish(self._turn.message_index + 1)
         if finding is None:
             return None

@@ -33,6 +33,7 @@ from proxy.detect.engine import (
 )
 from proxy.detect.judge_policy import check_due, judge_window
 from proxy.detect.normalize import digest
+from proxy.detect.text_steps import task_text
 from proxy.detect.texts import cut_notice, stop_text, warning_text
 from proxy.judge import JUDGE_HEADER, Judge
 from proxy.server.upstream import json_error
@@ -72,7 +73,7 @@ def session_of(request: web.Request, messages: list[dict], tenant: str) -> str:
         if value:
             return value[:256]
     system = next((message_text(m) for m in messages if m.get("role") in ("system", "developer")), "")
-    first_user = next((message_text(m) for m in messages if m.get("role") == "user"), "")
+    first_user = task_text(next((message_text(m) for m in messages if m.get("role") == "user"), ""))
     return "fp-" + digest(f"{tenant}\x00{system}\x00{first_user}").hex()[:16]
 
 
@@ -196,7 +197,7 @@ class WatchedExchange(Exchange):
     def _finish(self, message: dict) -> None:
         """The answer is whole. Its own episode, if any, is logged when its warning or stop is served; an
         answer that completes none, given a warning, is the model moving on."""
-        if self._watcher.episode is None and self._watcher.finish(message.get("tool_calls") or []) is None \
+        if self._watcher.episode is None and self._watcher.finish(message) is None \
                 and self._warned is not None:
             self._guard.log_recovery(self._context, self._warned)
 
@@ -315,7 +316,8 @@ class Guard:
 
     def _with_warnings(self, messages: list[dict], warnings: list[Episode]) -> list[dict]:
         result = list(messages)
-        for episode in sorted(warnings, key=lambda e: e.place, reverse=True):
+        # From the last place back, so earlier places stay put; at one place, in episode order.
+        for episode in sorted(warnings, key=lambda e: (e.place, e.number), reverse=True):
             result.insert(episode.place, {"role": self.settings.warning_role, "content": warning_text(episode)})
         return result
 
@@ -339,7 +341,7 @@ class Guard:
     @staticmethod
     def _episode_key(context: dict, episode: Episode, served_by: str | None = None) -> str:
         return digest(f"{context['tenant']}\x00{context['session_id']}\x00{context['task']}\x00"
-                      f"{episode.message_index}\x00{served_by or ''}").hex()
+                      f"{episode.message_index}\x00{episode.step}\x00{served_by or ''}").hex()
 
     def log_episode(self, context: dict, episode: Episode, action: str, request_id: str | None,
                     tokens_saved: int, served_by: str | None = None) -> None:

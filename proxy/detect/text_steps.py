@@ -1,0 +1,208 @@
+"""Agents that act in text: their actions read from the assistant's text, their observations recognised.
+
+Many agents never send a native tool call. They write the action in their text (ReAct's `Action:`,
+smolagents' `Calling tools:` and `<code>` blocks, SWE-agent's and mini-swe-agent's fenced command,
+Aider's SEARCH/REPLACE blocks) and their harness answers with a user message (`Observation: ...`).
+DSPy's ReAct sends the whole trajectory inside one user message. Each function here reads one
+format, learned from the requests those agents send; the engine turns what they find into steps,
+the same steps a native tool call and its result make. Pure code, no I/O.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import NamedTuple
+
+from proxy.detect.normalize import canonical_arguments
+
+
+class TextAction(NamedTuple):
+    name: str
+    arguments: str  # canonical
+
+
+# -- the assistant's action ------------------------------------------------------------------------------
+
+_SMOLAGENTS_CALLS = "Calling tools:\n"
+_REACT_ACTION = re.compile(r"^Action:[ \t]*(\S[^\n]*)\n(?:Action Input:[ \t]*(.*))?", re.MULTILINE | re.DOTALL)
+_CODE_TAG = re.compile(r"<code>\n?(.*?)</code>", re.DOTALL)
+_FENCE = re.compile(r"^```([\w+-]*)[ \t]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_DSPY_FIELD = re.compile(r"\[\[ ## (\w+) ## \]\]\n(.*?)(?=\n\n\[\[ ## |\n*\Z)", re.DOTALL)
+_AIDER_BLOCK = re.compile(r"^(\S[^\n]*)\n(?:```[^\n]*\n)?<<<<<<< SEARCH\n(.*?)^=======\n(.*?)^>>>>>>> REPLACE",
+                          re.MULTILINE | re.DOTALL)
+_SHELL_LANGUAGES = frozenset({"", "bash", "sh", "shell", "console", "zsh", "mswea_bash_command"})
+_PYTHON_LANGUAGES = frozenset({"py", "python", "python3"})
+
+
+def _arguments(raw: object) -> str:
+    """Arguments written as JSON or as a Python literal (LlamaIndex replays `{'path': 'a.txt'}`)."""
+    if isinstance(raw, str):
+        text = raw.strip()
+        if text[:1] in "{[" and text[-1:] in "}]":
+            try:
+                return canonical_arguments(ast.literal_eval(text))
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                pass
+        return canonical_arguments(text)
+    return canonical_arguments(raw)
+
+
+def _smolagents(text: str) -> list[TextAction] | None:
+    at = text.rfind(_SMOLAGENTS_CALLS)
+    if at < 0:
+        return None
+    try:
+        calls = ast.literal_eval(text[at + len(_SMOLAGENTS_CALLS):].strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    actions = []
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            actions.append(TextAction(function["name"], _arguments(function.get("arguments", ""))))
+    return actions or None
+
+
+def _react(text: str) -> list[TextAction] | None:
+    if "Action:" not in text:
+        return None
+    match = _REACT_ACTION.search(text)
+    if match is None:
+        return None
+    arguments = (match.group(2) or "").split("\nObservation:")[0]
+    return [TextAction(match.group(1).strip(), _arguments(arguments))]
+
+
+def _code(text: str) -> list[TextAction] | None:
+    """smolagents' CodeAgent: a `<code>` block, or a fenced Python block."""
+    if "<code>" in text:
+        match = _CODE_TAG.search(text)
+        if match:
+            return [TextAction("python_interpreter", match.group(1).strip())]
+    return None
+
+
+def _fenced(text: str) -> list[TextAction] | None:
+    """SWE-agent, mini-swe-agent and other shell agents: one fenced command; its first word names it."""
+    if "```" not in text:
+        return None
+    blocks = _FENCE.findall(text)
+    if not blocks:
+        return None
+    language, body = blocks[-1]
+    command = body.strip()
+    if not command:
+        return None
+    if language.lower() in _PYTHON_LANGUAGES:
+        return [TextAction("python_interpreter", command)]
+    if language.lower() not in _SHELL_LANGUAGES:
+        return None
+    return [TextAction(command.split(None, 1)[0], command)]
+
+
+def _aider(text: str) -> list[TextAction] | None:
+    if "<<<<<<< SEARCH" not in text:
+        return None
+    blocks = _AIDER_BLOCK.findall(text)
+    if not blocks:
+        return None
+    return [TextAction("edit", canonical_arguments({"path": path.strip(), "search": search, "replace": replace}))
+            for path, search, replace in blocks]
+
+
+def _dspy_answer(text: str) -> list[TextAction] | None:
+    """DSPy ReAct's answer: `next_tool_name` and `next_tool_args` fields."""
+    if "[[ ## next_tool_name ## ]]" not in text:
+        return None
+    fields = dict(_DSPY_FIELD.findall(text))
+    name = fields.get("next_tool_name", "").strip()
+    return [TextAction(name, _arguments(fields.get("next_tool_args", "")))] if name else None
+
+
+_READERS = (_smolagents, _dspy_answer, _react, _aider, _code, _fenced)
+
+
+def read_actions(text: str) -> list[TextAction] | None:
+    """The actions an assistant message writes in its text, if it acts in text at all."""
+    if not text:
+        return None
+    for reader in _READERS:
+        actions = reader(text)
+        if actions:
+            return actions
+    return None
+
+
+# -- the harness's answer --------------------------------------------------------------------------------
+
+_OBSERVATION_STARTS = ("Observation:", "OBSERVATION:", "Error:\n", "<returncode>", "<exception>", "Call id:")
+_SWE_AGENT_TAIL = re.compile(r"\(Current directory: [^\n]*\)\s*(?:bash-\$)?\s*\Z")
+
+
+def is_observation(text: str) -> bool:
+    """A user message the harness wrote to answer an action written in text, not a person's."""
+    head = text.lstrip()[:64]
+    if head.startswith(_OBSERVATION_STARTS):
+        return True
+    if "SEARCH/REPLACE block" in head and "failed to match" in text[:200]:
+        return True  # Aider: `# 1 SEARCH/REPLACE block failed to match!`
+    tail = text[-300:]
+    return "(Current directory: " in tail and _SWE_AGENT_TAIL.search(tail) is not None
+
+
+def observation_failed(text: str) -> bool:
+    """An observation whose harness frame says the action failed (beyond what its text's form says)."""
+    head = text.lstrip()[:200]
+    return head.startswith("<exception>") or ("SEARCH/REPLACE block" in head and "failed to match" in head)
+
+
+def observation_text(text: str) -> str:
+    """An observation without the harness's frame, which says nothing about the result."""
+    head = text.lstrip()
+    for start in ("Observation:", "OBSERVATION:"):
+        if head.startswith(start):
+            return head[len(start):]
+    return text
+
+
+# -- DSPy's ReAct: the trajectory inside one user message ------------------------------------------------
+
+_TRAJECTORY = "[[ ## trajectory ## ]]"
+_DSPY_INSTRUCTION = "\n\nRespond with "  # the adapter's closing instruction, after the last field
+_STEP_FIELD = re.compile(r"(thought|tool_name|tool_args|observation)_(\d+)")
+
+
+class TrajectoryStep(NamedTuple):
+    action: TextAction
+    observation: str | None
+
+
+def task_text(text: str) -> str:
+    """What names a task: a DSPy request's fields before its trajectory, which grows every step."""
+    at = text.find(_TRAJECTORY)
+    return text if at < 0 else text[:at]
+
+
+def trajectory(text: str) -> list[TrajectoryStep] | None:
+    """The steps of a DSPy ReAct trajectory carried in a user message, in order."""
+    at = text.find(_TRAJECTORY)
+    if at < 0:
+        return None
+    body = text[at + len(_TRAJECTORY):]
+    end = body.rfind(_DSPY_INSTRUCTION)
+    if end >= 0:
+        body = body[:end]
+    steps: dict[int, dict[str, str]] = {}
+    for field, value in _DSPY_FIELD.findall(body):
+        match = _STEP_FIELD.fullmatch(field)
+        if match:
+            steps.setdefault(int(match.group(2)), {})[match.group(1)] = value
+    result = []
+    for number in sorted(steps):
+        fields = steps[number]
+        name = fields.get("tool_name", "").strip()
+        if name:
+            result.append(TrajectoryStep(TextAction(name, _arguments(fields.get("tool_args", ""))),
+                                         fields.get("observation")))
+    return result

@@ -1,0 +1,210 @@
+"""Agents that act in text: their steps read from recorded requests, and every rule applied to them."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from proxy.detect.engine import DetectConfig, Decision, ResponseWatcher, analyze, episodes
+from proxy.detect.text_steps import TextAction, is_observation, read_actions, task_text, trajectory
+from proxy.detect.texts import stop_text, warning_text
+from proxy.wire.chat import message_text
+
+DEFAULT = DetectConfig()
+# The last request of a looping run of each agent, as the real packages sent it to a scripted model;
+# DSPy's every request (its trajectory grows inside one user message).
+RECORDED = json.loads((Path(__file__).parent / "fixtures" / "text_agents.json").read_text())
+
+
+def kinds(messages, config=DEFAULT):
+    state, _ = analyze(config, messages)
+    return [(e.number, e.type, e.is_stop) for e in episodes(config, state)]
+
+
+def chat(user_text: str, steps: list[tuple[str, str]], system: str = "You are an agent.") -> list[dict]:
+    """A conversation of (assistant text, harness answer) steps after one user request."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user_text}]
+    for action, answer in steps:
+        messages.append({"role": "assistant", "content": action})
+        if answer is not None:
+            messages.append({"role": "user", "content": answer})
+    return messages
+
+
+def recorded_steps(name: str) -> tuple[list[dict], list[tuple[str, str]]]:
+    """A recorded run: its opening messages and its (assistant, observation) steps."""
+    (request,) = RECORDED[name]
+    messages = request["messages"]
+    opening = messages[:2]
+    steps = [(message_text(messages[i]), message_text(messages[i + 1])) for i in range(2, len(messages) - 1, 2)]
+    return opening, steps
+
+
+def replay(name: str, count: int) -> list[dict]:
+    """The recorded run's first step `count` times, as the looping agent went on. (The recorded run's last
+    observation is merged with smolagents' closing request for a final answer.)"""
+    opening, steps = recorded_steps(name)
+    steps = [steps[0]] * count
+    return copy.deepcopy(opening) + [m for a, o in steps for m in (
+        {"role": "assistant", "content": a}, {"role": "user", "content": o})]
+
+
+# Shapes the other agents use, from their templates.
+SWE_AGENT_CD = ("DISCUSSION\nThe sources are in the fastjson directory; let me go there.\n\n```\ncd fastjson/\n```")
+SWE_AGENT_FAILED = ("/bin/bash: line {line}: cd: fastjson/: No such file or directory\n"
+                    "(Open file: n/a)\n(Current directory: /fastjson__fastjson)\nbash-$")
+MINI_SWE = "THOUGHT: I need to see the failing test first.\n\n```mswea_bash_command\ncat tests/test_{name}.py\n```"
+MINI_SWE_OUTPUT = "<returncode>0</returncode>\n<output>\ndef test_{name}():\n    assert parse('1') == 1\n</output>"
+AIDER_EDIT = ("src/app.py\n```python\n<<<<<<< SEARCH\n    return parse(value)\n=======\n"
+              "    return parse(value.strip())\n>>>>>>> REPLACE\n```")
+AIDER_FAILED = ("# 1 SEARCH/REPLACE block failed to match!\n\n## SearchReplaceNoExactMatch: This SEARCH block failed "
+                "to exactly match lines in src/app.py\n<<<<<<< SEARCH\n    return parse(value)\n=======\n"
+                "    return parse(value.strip())\n>>>>>>> REPLACE\n\nThe SEARCH section must exactly match an existing "
+                "block of lines including all white space, comments, indentation, docstrings, etc\n")
+
+
+def test_each_format_reads_its_action():
+    _, llama = recorded_steps("llamaindex_react")
+    assert read_actions(llama[0][0]) == [TextAction("read_file", '{"path":"a.txt"}')]
+    _, smol = recorded_steps("smolagents_toolcalling")
+    assert read_actions(smol[0][0]) == [TextAction("read_file", '{"path":"a.txt"}')]
+    _, code = recorded_steps("smolagents_code")
+    assert read_actions(code[0][0]) == [TextAction("python_interpreter", 'print(read_file(path="a.txt"))')]
+    assert read_actions(SWE_AGENT_CD) == [TextAction("cd", "cd fastjson/")]
+    assert read_actions(MINI_SWE.format(name="x")) == [TextAction("cat", "cat tests/test_x.py")]
+    (edit,) = read_actions(AIDER_EDIT)
+    assert edit.name == "edit" and '"path":"src/app.py"' in edit.arguments
+    dspy_answer = ("[[ ## next_thought ## ]]\nRead it.\n\n[[ ## next_tool_name ## ]]\nread_file\n\n"
+                   "[[ ## next_tool_args ## ]]\n{\"path\": \"a.txt\"}\n\n[[ ## completed ## ]]")
+    assert read_actions(dspy_answer) == [TextAction("read_file", '{"path":"a.txt"}')]
+    # Prose, a final answer and a Python example in a chat reply are not actions.
+    assert read_actions("Thought: I can answer without tools.\nAnswer: 42") is None
+    assert read_actions("Sure! Here is how:\n```javascript\nconsole.log(1)\n```") is None
+
+
+def test_observations_are_the_harness_and_questions_are_people():
+    for answer in ("Observation: hello", "Observation:\nExecution logs:\nx", MINI_SWE_OUTPUT, AIDER_FAILED,
+                   SWE_AGENT_FAILED.format(line=3), "Error:\nCode execution failed at line 1"):
+        assert is_observation(answer)
+    for answer in ("Thanks! Now add a test.", "What does the observation mean?", "Error handling looks wrong."):
+        assert not is_observation(answer)
+
+
+@pytest.mark.parametrize("name", ["llamaindex_react", "smolagents_toolcalling", "smolagents_code"])
+def test_recorded_loops_warn_at_the_fifth_and_sixth_step_and_stop_at_the_seventh(name):
+    assert kinds(replay(name, 4)) == []
+    assert kinds(replay(name, 5)) == [(1, "tool_call", False)]
+    assert kinds(replay(name, 6))[-1] == (2, "tool_call", False)
+    assert kinds(replay(name, 7))[-1] == (3, "tool_call", True)
+    state, _ = analyze(DEFAULT, replay(name, 7))
+    assert state.start == 2 and state.turns == 7  # the observations started no task
+
+
+def test_the_warning_goes_after_the_observation_that_completed_the_loop():
+    messages = replay("llamaindex_react", 5)
+    state, _ = analyze(DEFAULT, messages)
+    (episode,) = episodes(DEFAULT, state)
+    assert episode.place == len(messages) and messages[-1]["content"].startswith("Observation:")
+    assert "`read_file` with {\"path\":\"a.txt\"} 5 times" in warning_text(episode)
+
+
+def test_a_two_step_cycle_in_text():
+    steps = [(MINI_SWE.format(name=n), MINI_SWE_OUTPUT.format(name=n)) for n in ("a", "b")] * 5
+    assert kinds(chat("Fix the parser.", steps[:9])) == []
+    ((number, kind, _),) = kinds(chat("Fix the parser.", steps))
+    assert (number, kind) == (1, "tool_cycle")
+
+
+def test_the_same_failing_command_three_times_with_new_shell_line_numbers():
+    steps = [(SWE_AGENT_CD, SWE_AGENT_FAILED.format(line=11301 + 13 * i)) for i in range(3)]
+    assert kinds(chat("Fix the issue.", steps[:2])) == []
+    state, _ = analyze(DEFAULT, chat("Fix the issue.", steps))
+    (episode,) = episodes(DEFAULT, state)
+    assert (episode.type, episode.detail["tool"], episode.detail["arguments"]) == ("tool_error", "cd", "cd fastjson/")
+    assert "failed 3 times" in stop_text(episode)
+
+
+def test_aider_edits_that_fail_to_match():
+    assert kinds(chat("Strip the value.", [(AIDER_EDIT, AIDER_FAILED)] * 3)) == [(1, "tool_error", False)]
+
+
+def test_benign_text_agent_runs_are_clean():
+    steps = [(MINI_SWE.format(name=f"m{i}"), MINI_SWE_OUTPUT.format(name=f"m{i}")) for i in range(12)]
+    assert kinds(chat("Fix the parser.", steps)) == []
+    react = [(f"Thought: next file.\nAction: read_file\nAction Input: {{\"path\": \"f{i}.py\"}}", f"Observation: {i}")
+             for i in range(12)]
+    state, _ = analyze(DEFAULT, chat("Summarise the package.", react))
+    assert episodes(DEFAULT, state) == [] and state.turns == 12
+
+
+def test_a_persons_chat_is_not_a_streak():
+    # Each question is a person's, so each starts a new task, however alike the answers.
+    messages = [{"role": "system", "content": "You are helpful."}]
+    for i in range(8):
+        messages += [{"role": "user", "content": f"How do I list the files in folder {i}?"},
+                     {"role": "assistant", "content": "Run this:\n```bash\nls -la\n```"}]
+    messages.append({"role": "user", "content": "And hidden ones?"})
+    state, _ = analyze(DEFAULT, messages)
+    assert episodes(DEFAULT, state) == [] and state.start == len(messages)
+
+
+def test_the_harness_repeating_a_format_error_is_not_a_person():
+    error = ("Format error:\n\n<error>\nFound 2 actions.\n</error>\n\nPlease always provide EXACTLY ONE action "
+             "in triple backticks, found 2 actions.")
+    malformed = "THOUGHT: two at once.\n\n```mswea_bash_command\nls\n```\n\n```mswea_bash_command\npwd\n```"
+    messages = chat("Fix the parser.", [(malformed, error)] * 4)
+    state, _ = analyze(DEFAULT, messages)
+    # The first format error looked like a person; from its repeat on, it is the harness answering a step.
+    assert state.start == 4 and state.turns == 3
+    assert [(e.type, e.is_stop) for e in episodes(DEFAULT, state)] == [("tool_error", False)]
+
+
+# DSPy's ReAct requests (question and a growing trajectory), then its extractor's, which ends the run.
+DSPY = [r for r in RECORDED["dspy_react"] if "next_tool_name" in r["messages"][0]["content"]]
+
+
+def test_dspy_trajectory_steps_and_the_task_named_by_the_question():
+    assert [len(trajectory(r["messages"][-1]["content"])) for r in DSPY] == [0, 1, 2, 3]
+    last = DSPY[-1]["messages"][-1]["content"]
+    steps = trajectory(last)
+    assert [s.action for s in steps] == [TextAction("read_file", '{"path":"a.txt"}')] * 3
+    assert all(s.observation == "hello from a.txt" for s in steps)  # the closing instruction is not in it
+    keys = {analyze(DEFAULT, request["messages"])[0].key for request in DSPY}
+    assert len(keys) == 1
+    assert task_text(last) == task_text(DSPY[0]["messages"][-1]["content"])
+
+
+def _dspy_request(steps: int) -> list[dict]:
+    """The recorded DSPy request, its trajectory grown to `steps` identical steps."""
+    messages = copy.deepcopy(DSPY[-1]["messages"])
+    text = messages[-1]["content"]
+    head, tail = text.split("[[ ## thought_0 ## ]]", 1)
+    step = "[[ ## thought_0 ## ]]" + tail.split("[[ ## thought_1 ## ]]", 1)[0]
+    closing = tail[tail.rindex("\n\nRespond with "):]
+    body = "".join(step.replace("_0 ## ]]", f"_{i} ## ]]") for i in range(steps)).rstrip("\n")
+    messages[-1]["content"] = head + body + closing
+    return messages
+
+
+def test_dspy_loops_warn_twice_then_stop_and_the_warnings_follow_the_trajectory():
+    assert kinds(_dspy_request(4)) == []
+    messages = _dspy_request(6)
+    state, _ = analyze(DEFAULT, messages)
+    found = episodes(DEFAULT, state)
+    assert [(e.number, e.type, e.step) for e in found] == [(1, "tool_call", 5), (2, "tool_call", 6)]
+    assert {e.place for e in found} == {len(messages)}
+    assert kinds(_dspy_request(7))[-1] == (3, "tool_call", True)
+
+
+def test_the_response_watcher_reads_text_actions():
+    messages = replay("llamaindex_react", 6)
+    state, _ = analyze(DEFAULT, messages)
+    decision = Decision(episodes(DEFAULT, state))
+    answer = {"role": "assistant", "content": messages[-2]["content"]}
+    repeated = ResponseWatcher(DEFAULT, state.clone(), decision, len(messages), False).finish(answer)
+    assert repeated is not None and repeated.type == "tool_call"
+    moved_on = {"role": "assistant", "content": "Thought: try the docs.\nAction: search\nAction Input: {\"q\": \"x\"}"}
+    assert ResponseWatcher(DEFAULT, state.clone(), decision, len(messages), False).finish(moved_on) is None
