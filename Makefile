@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test bench migrate clean
+.PHONY: serve test bench migrate clean agents-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,9 +23,18 @@ migrate: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# smolagents, LlamaIndex and DSPy driven through loopwarden, in an environment of their own. Those
+# packages leave their HTTP clients open at exit, hence the two warnings ignored here only.
+AGENTS_VENV := .venv-agents
+agents-check:
+	test -x $(AGENTS_VENV)/bin/python || $(PYTHON) -m venv $(AGENTS_VENV)
+	$(AGENTS_VENV)/bin/pip install --quiet -e '.[dev,agents]'
+	$(AGENTS_VENV)/bin/python -m pytest -q tests/agents -W ignore::ResourceWarning \
+		-W ignore::pytest.PytestUnraisableExceptionWarning
+
 bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/detect.py
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache build proxy/detect/content.c proxy/detect/*.so
+	rm -rf $(VENV) $(AGENTS_VENV) *.egg-info .pytest_cache build proxy/detect/content.c proxy/detect/*.so

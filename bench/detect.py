@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reference_content import ReferenceContent  # noqa: E402
 
 from proxy.detect.content import ContentTracker  # noqa: E402
-from proxy.detect.engine import make_call  # noqa: E402
+from proxy.detect.engine import DetectConfig, analyze, make_call  # noqa: E402
 from proxy.detect.tools import ToolTracker  # noqa: E402
 
 WORDS = ("the", "file", "config", "loader", "returns", "value", "when", "tests", "module", "change", "build",
@@ -136,7 +136,38 @@ def main(quick: bool) -> None:
           f"masked and hashed): {elapsed / calls * 1e6:.1f} µs per call\n")
 
 
+def histories(quick: bool) -> None:
+    """The engine on a 200-message history, from scratch (a fresh replica) and with the fold cached (the
+    next request of a running session): tool calls against the same agent acting in text."""
+    from overhead import conversation, text_conversation
+
+    config = DetectConfig()
+    rounds = 50 if quick else 200
+    print("## A 200-message history: tool calls and acting in text\n")
+    print("| history | from scratch µs | next request, cached µs |\n|---|---|---|")
+    figures = {}
+    for name, build in (("tool calls", conversation), ("acting in text (ReAct)", text_conversation)):
+        full, before = build(200), build(198)
+        started = time.perf_counter()
+        for _ in range(rounds):
+            analyze(config, full)
+        cold = (time.perf_counter() - started) / rounds
+        warm = 0.0
+        for _ in range(rounds):
+            _, cache = analyze(config, before)  # the previous request, one step shorter
+            started = time.perf_counter()
+            analyze(config, full, cache=cache)
+            warm += time.perf_counter() - started
+        warm /= rounds
+        figures[name] = cold
+        print(f"| {name} | {cold * 1e6:.0f} | {warm * 1e6:.0f} |")
+    ratio = figures["acting in text (ReAct)"] / figures["tool calls"]
+    print(f"\nacting in text costs {ratio:.2f}x tool calls from scratch\n")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    main(parser.parse_args().quick)
+    quick = parser.parse_args().quick
+    main(quick)
+    histories(quick)

@@ -67,6 +67,21 @@ def conversation(messages: int, *, looping: bool = False, tag: str = "") -> list
     return result[:messages]
 
 
+def text_conversation(messages: int) -> list[dict]:
+    """The same agent acting in text (ReAct): its actions in the assistant's text, observations as user messages."""
+    result = [{"role": "system", "content": "You are a careful coding agent. Use Thought/Action/Action Input."},
+              {"role": "user", "content": "Refactor the storage layer and keep the tests green."}]
+    step = 0
+    while len(result) < messages:
+        path = f"src/module_{step}.py"
+        result.append({"role": "assistant", "content": f"Thought: Looking at {path} next.\nAction: read_file\n"
+                                                       f"Action Input: {orjson.dumps({'path': path}).decode()}"})
+        body = f"# module {step}\n" + "def f():\n    return 1\n" * 15
+        result.append({"role": "user", "content": f"Observation: {body}"})
+        step += 1
+    return result[:messages]
+
+
 class Timer:
     def __init__(self, http: aiohttp.ClientSession) -> None:
         self.http = http
@@ -209,27 +224,34 @@ async def run(quick: bool) -> None:
                     first = statistics.median(f for f, _ in results[name])
                     whole = statistics.median(t for _, t in results[name])
                     print(f"| {name} | {ms(first)} | {ms(whole)} | {whole / direct_total:.3f}x |")
-            print("\n## Detection on a 200-message conversation with tool calls\n")
+            print("\n## Detection on a 200-message conversation with tool calls, and acting in text\n")
             bodies = [orjson.dumps({"model": "bench", "messages": conversation(n)}) for n in range(160, 201, 2)]
+            text_bodies = [orjson.dumps({"model": "bench", "messages": text_conversation(n)})
+                           for n in range(160, 201, 2)]
             rounds = int(1000 * scale)
             sessions = max(1, rounds // len(bodies))
             lw = targets["loopwarden"]
-            samples: dict[str, list[float]] = {"direct": [], "detection off": [], "detection on": []}
+            samples: dict[str, list[float]] = {"direct": [], "detection off": [], "detection on": [],
+                                               "detection on, acting in text": []}
             for s in range(sessions):
-                for body in bodies:
+                for body, text_body in zip(bodies, text_bodies):
                     session = {"X-Loopwarden-Session": f"bench-{s}"}
                     samples["direct"].append(await timer.once(upstream, body))
                     samples["detection off"].append(await timer.once(lw, body, {**session,
                                                                                 "X-Loopwarden-Disable": "1"}))
                     samples["detection on"].append(await timer.once(lw, body, session))
-            print("Each session's conversation grows by one tool call per request, as an agent's does.\n")
+                    samples["detection on, acting in text"].append(
+                        await timer.once(lw, text_body, {"X-Loopwarden-Session": f"bench-text-{s}"}))
+            print("Each session's conversation grows by one step per request, as an agent's does.\n")
             print("| case | p50 ms | added p50 ms |\n|---|---|---|")
             base = pct(samples["direct"], .5)
             for name, values in samples.items():
                 print(f"| {name} | {ms(pct(values, .5))} | {ms(pct(values, .5) - base)} |")
             off = pct(samples["detection off"], .5) - base
             on = pct(samples["detection on"], .5) - base
-            print(f"\ndetection on adds {on / off:.2f}x the added latency of plain forwarding\n")
+            text = pct(samples["detection on, acting in text"], .5) - base
+            print(f"\ndetection on adds {on / off:.2f}x the added latency of plain forwarding; "
+                  f"acting in text costs {text / on:.2f}x acting with tool calls\n")
 
             count = int(10_000 * scale)
             print(f"## The log: {count} requests that each log a new detection, vs {count} that log nothing\n")

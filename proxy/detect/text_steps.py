@@ -14,6 +14,8 @@ import ast
 import re
 from typing import NamedTuple
 
+import orjson
+
 from proxy.detect.normalize import canonical_arguments
 
 
@@ -25,7 +27,7 @@ class TextAction(NamedTuple):
 # -- the assistant's action ------------------------------------------------------------------------------
 
 _SMOLAGENTS_CALLS = "Calling tools:\n"
-_REACT_ACTION = re.compile(r"^Action:[ \t]*(\S[^\n]*)\n(?:Action Input:[ \t]*(.*))?", re.MULTILINE | re.DOTALL)
+_REACT_ACTION = re.compile(r"Action:[ \t]*(\S[^\n]*)\n(?:Action Input:[ \t]*(.*))?", re.DOTALL)
 _CODE_TAG = re.compile(r"<code>\n?(.*?)</code>", re.DOTALL)
 _FENCE = re.compile(r"^```([\w+-]*)[ \t]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _DSPY_FIELD = re.compile(r"\[\[ ## (\w+) ## \]\]\n(.*?)(?=\n\n\[\[ ## |\n*\Z)", re.DOTALL)
@@ -40,6 +42,10 @@ def _arguments(raw: object) -> str:
     if isinstance(raw, str):
         text = raw.strip()
         if text[:1] in "{[" and text[-1:] in "}]":
+            try:
+                return canonical_arguments(orjson.loads(text))
+            except orjson.JSONDecodeError:
+                pass
             try:
                 return canonical_arguments(ast.literal_eval(text))
             except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -65,9 +71,10 @@ def _smolagents(text: str) -> list[TextAction] | None:
 
 
 def _react(text: str) -> list[TextAction] | None:
-    if "Action:" not in text:
-        return None
-    match = _REACT_ACTION.search(text)
+    at = text.find("Action:")
+    while at > 0 and text[at - 1] != "\n":  # only at the start of a line
+        at = text.find("Action:", at + 1)
+    match = _REACT_ACTION.match(text, at) if at >= 0 else None
     if match is None:
         return None
     arguments = (match.group(2) or "").split("\nObservation:")[0]
