@@ -53,6 +53,7 @@ class Settings:
     warning_role: str = "system"
     max_body_bytes: int = 32 * 1024 * 1024
     cut_notice: bool = True
+    response_retention_days: float = 30.0
     # Not in the contract's table; production defaults documented in the README.
     upstream_connect_timeout: float = 10.0
     upstream_read_timeout: float = 600.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 from hypothesis import given, settings, strategies as st
 
-from proxy.wire.chat import ChatStreamAssembler
+from proxy.wire.chat import ChatStream
 from proxy.wire.sse import SSEEvent, SSEParser
 
 STREAM = (
@@ -75,7 +75,7 @@ def _chunk(delta: dict, finish: str | None = None) -> dict:
 
 
 def test_assembler_joins_split_tool_call_arguments_and_text():
-    assembler = ChatStreamAssembler()
+    assembler = ChatStream()
     texts = []
     starts = 0
     for chunk in [

@@ -26,7 +26,9 @@ from proxy.server.upstream import (
     upstream_url,
 )
 from proxy.store.store import Store
+from proxy.wire.chat import ChatDialect, RequestError
 from proxy.wire.errors import sse_error_event
+from proxy.wire.responses import ResponsesDialect
 
 log = logging.getLogger("loopwarden.server")
 
@@ -67,7 +69,16 @@ def _check_length(request: web.Request) -> None:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
+def inspected(dialect):
+    """The handler of a path whose conversations are watched: Chat Completions or Responses."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await _inspected(request, dialect)
+
+    return handler
+
+
+async def _inspected(request: web.Request, dialect) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     _check_length(request)
     content_type = request.headers.get("Content-Type", "application/json")
@@ -84,18 +95,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return json_error(400, f"request body is not valid JSON: {exc}", "invalid_request_error", "invalid_json")
     if not isinstance(payload, dict):
         return json_error(400, "request body must be a JSON object", "invalid_request_error", "invalid_json")
-    messages = payload.get("messages")
-    if messages is not None and not (isinstance(messages, list) and all(isinstance(m, dict) for m in messages)):
-        return json_error(400, "'messages' must be an array of objects", "invalid_request_error",
-                          "invalid_value")
 
     metrics = request.app[METRICS]
+    guard = request.app[GUARD]
     began = time.perf_counter()
-    exchange = request.app[GUARD].begin(request, raw, payload)
+    chain = await guard.chain(request, payload) if dialect is ResponsesDialect else None
+    try:
+        exchange = guard.begin(request, raw, payload, dialect, chain)
+    except RequestError as exc:
+        return json_error(400, str(exc), "invalid_request_error", "invalid_value")
     if exchange.stop is not None:
         return exchange.stop
     headers = upstream_headers(request, settings, identity=True)
-    url = upstream_url(settings, "/chat/completions", request.query_string)
+    url = upstream_url(settings, dialect.path, request.query_string)
     sent = time.perf_counter()
     metrics.overhead.observe(sent - began)
     async with open_upstream(request.app[CLIENT], "POST", url, headers, exchange.body) as upstream:
@@ -266,7 +278,8 @@ async def readyz(request: web.Request) -> web.Response:
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[count_requests, openai_errors])
     metrics = Metrics()
-    store = Store(settings.database_url, settings.log_buffer_size, on_drop=metrics.log_dropped.inc)
+    store = Store(settings.database_url, settings.log_buffer_size, on_drop=metrics.log_dropped.inc,
+                  response_retention_days=settings.response_retention_days)
     guard = guard_module.Guard(settings, store, metrics)
     app[SETTINGS] = settings
     app[METRICS] = metrics
@@ -284,6 +297,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)
     app.router.add_routes(admin.routes(guard, settings.admin_token))
-    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/chat/completions", inspected(ChatDialect))
+    app.router.add_post("/v1/responses", inspected(ResponsesDialect))
     app.router.add_route("*", "/v1/{tail:.*}", passthrough)
     return app

@@ -1,10 +1,12 @@
-"""The guard: between the HTTP handler and the engine. One exchange per chat completion.
+"""The guard: between the HTTP handler and the engine. One exchange per inspected request.
 
 On the way up it names the session, asks the engine for a verdict on the
 conversation so far, and answers the stop or adds the task's warnings. On the
 way down it reads a copy of the upstream's bytes (never re-encoding them),
 feeds the engine, and cuts a chanting stream. Everything it learns goes to the
-log writer without waiting.
+log writer without waiting. The API dialect (Chat Completions, Responses)
+translates between its shapes and the one neutral conversation; the guard is
+the same for every dialect.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import asyncio
 import functools
 import hashlib
 import logging
-import time
 from collections import OrderedDict
 from typing import Callable
 
@@ -37,9 +38,10 @@ from proxy.detect.text_steps import task_text
 from proxy.detect.texts import cut_notice, stop_text, warning_text
 from proxy.judge import JUDGE_HEADER, Judge
 from proxy.server.upstream import json_error
+from proxy.store.store import Chain
 from proxy.store.writer import SessionSeen, utcnow
-from proxy.wire.chat import ChatStreamAssembler, message_text, response_message
-from proxy.wire.errors import sse_error_event
+from proxy.wire.chat import Conversation, message_text
+from proxy.wire.errors import error_object
 from proxy.wire.sse import SSEParser
 
 log = logging.getLogger("loopwarden.guard")
@@ -65,13 +67,18 @@ def tenant_of(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def session_of(request: web.Request, messages: list[dict], tenant: str) -> str:
-    """The session's id: a header, else a fingerprint of the key and how the conversation began.
-    State is kept per (tenant, id), never per id alone."""
+def session_of(request: web.Request, messages: list[dict], tenant: str, chain: Chain | None = None) -> str:
+    """The session's id: a header, else the Responses conversation or the session of the chain the request
+    continues, else a fingerprint of the key and how the conversation began. State is kept per (tenant,
+    id), never per id alone."""
     for header in SESSION_HEADERS:
         value = request.headers.get(header, "").strip()
         if value:
             return value[:256]
+    if chain is not None and chain.conversation_id:
+        return chain.conversation_id[:256]
+    if chain is not None and chain.session_id:
+        return chain.session_id
     system = next((message_text(m) for m in messages if m.get("role") in ("system", "developer")), "")
     first_user = task_text(next((message_text(m) for m in messages if m.get("role") == "user"), ""))
     return "fp-" + digest(f"{tenant}\x00{system}\x00{first_user}").hex()[:16]
@@ -125,16 +132,19 @@ class Exchange:
 class WatchedExchange(Exchange):
     """An exchange whose response is watched by the engine."""
 
-    def __init__(self, guard: "Guard", body: bytes, response_headers: dict[str, str], context: dict,
-                 watcher: ResponseWatcher, max_completion: int, warned: Episode | None) -> None:
+    def __init__(self, guard: "Guard", dialect, body: bytes, response_headers: dict[str, str], context: dict,
+                 watcher: ResponseWatcher, max_completion: int, warned: Episode | None,
+                 on_answer: Callable[[dict, str | None], None] | None = None) -> None:
         super().__init__(body, response_headers)
         self._guard = guard
+        self._dialect = dialect
         self._context = context
         self._watcher = watcher
         self._max_completion = max_completion
         self._warned = warned  # the latest warning this request carries: did the model move on from it?
+        self._on_answer = on_answer  # the whole answer, for a conversation the service keeps
         self._parser = SSEParser()
-        self._assembler = ChatStreamAssembler()
+        self._assembler = dialect.stream()
 
     def on_stream_bytes(self, chunk: bytes) -> tuple[int, bytes] | None:
         event_start = 0 if self._parser.at_boundary else -1  # -1: the first event began in an earlier read
@@ -148,7 +158,7 @@ class WatchedExchange(Exchange):
                 continue
             if not isinstance(data, dict):
                 continue
-            text, call_started = self._assembler.add(data)
+            text, call_started = self._assembler.add(data, event.event)
             if text:
                 found = self._watcher.text(text)
                 if found is not None:
@@ -165,38 +175,36 @@ class WatchedExchange(Exchange):
         saved = max(0, self._max_completion - len(self._assembler.text) // 4)
         if episode.is_stop:
             self._guard.log_episode(self._context, episode, "stopped", self.request_id, saved)
-            return sse_error_event(stop_text(episode), "loop_detected", "loop_detected")
-        notice = self._guard.settings.cut_notice
+            return self._assembler.stop_ending(error_object(stop_text(episode), "loop_detected", "loop_detected"))
+        notice = cut_notice(episode) if self._guard.settings.cut_notice else None
         # With the notice, later requests show the cut was served (and logged) here: the row is this response's.
         self._guard.log_episode(self._context, episode, "cut", self.request_id, saved,
                                 served_by=self._assembler.response_id if notice else None)
-        head = {"id": self._assembler.response_id, "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": self._assembler.model}
-        ending = b""
-        if notice:
-            ending = b"data: " + orjson.dumps({**head, "choices": [
-                {"index": 0, "delta": {"content": cut_notice(episode)}, "logprobs": None,
-                 "finish_reason": None}]}) + b"\n\n"
-        final = {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}],
-                 "loopwarden": {"loop": episode.type, "action": "cut",
-                                "episode": f"{episode.number}/{episode.limit}"}}
-        return ending + b"data: " + orjson.dumps(final) + b"\n\ndata: [DONE]\n\n"
+        ending = self._assembler.cut_ending({"loop": episode.type, "action": "cut",
+                                             "episode": f"{episode.number}/{episode.limit}"}, notice)
+        if self._on_answer is not None:
+            message = self._assembler.message()
+            message["content"] = self._assembler.text + (notice or "")
+            self._on_answer(message, self._assembler.response_id)
+        return ending
 
     def on_stream_end(self) -> None:
-        self._finish(self._assembler.message())
+        self._finish(self._assembler.message(), self._assembler.response_id)
 
     def on_complete(self, answer: object) -> None:
-        message = response_message(answer) if isinstance(answer, dict) else None
+        message = self._dialect.answer(answer) if isinstance(answer, dict) else None
         if message is None:
             return
         text = message_text(message)
         if text:
             self._watcher.text(text)
-        self._finish(message)
+        self._finish(message, answer.get("id") if isinstance(answer.get("id"), str) else None)
 
-    def _finish(self, message: dict) -> None:
+    def _finish(self, message: dict, response_id: str | None) -> None:
         """The answer is whole. Its own episode, if any, is logged when its warning or stop is served; an
         answer that completes none, given a warning, is the model moving on."""
+        if self._on_answer is not None:
+            self._on_answer(message, response_id)
         if self._watcher.episode is None and self._watcher.finish(message) is None \
                 and self._warned is not None:
             self._guard.log_recovery(self._context, self._warned)
@@ -237,13 +245,27 @@ class Guard:
     def known_message_counts(self) -> dict:
         return dict(self._message_counts)
 
-    def begin(self, request: web.Request, raw: bytes, payload: dict) -> Exchange:
+    async def chain(self, request: web.Request, payload: dict) -> Chain | None:
+        """For a Responses request that continues a conversation the service keeps: what came before, from
+        the responses this proxy has seen (any replica's, through the store). Never fails the request."""
+        previous = payload.get("previous_response_id")
+        conversation = payload.get("conversation")
+        if isinstance(conversation, dict):
+            conversation = conversation.get("id")
+        previous = previous if isinstance(previous, str) and previous else None
+        conversation = conversation if isinstance(conversation, str) and conversation else None
+        if self.store is None or (previous is None and conversation is None) or request.headers.get(JUDGE_HEADER):
+            return None
+        return await self.store.chain(tenant_of(client_key(request)), previous, conversation)
+
+    def begin(self, request: web.Request, raw: bytes, payload: dict, dialect, chain: Chain | None = None
+              ) -> Exchange:
         if request.headers.get(JUDGE_HEADER):
             return Exchange(raw)  # the judge's own request: not a session's turn
-        messages = payload.get("messages")
-        messages = messages if isinstance(messages, list) else []
+        conversation: Conversation = dialect.read(payload, chain.messages if chain is not None else None)
+        messages = conversation.messages
         tenant = tenant_of(client_key(request))
-        session_id = session_of(request, messages, tenant)
+        session_id = session_of(request, messages, tenant, chain)
         headers = {"X-Loopwarden-Session": session_id}
         model = payload.get("model") if isinstance(payload.get("model"), str) else None
         key = (tenant, session_id)
@@ -261,7 +283,8 @@ class Guard:
         self._folds.put(key, cache)
         checks = self.store.judge_checks(tenant, session_id, state.key) if self.store is not None else []
         decision = Decision(episodes(self.config, state, plan_mode=plan_mode, judge_checks=checks))
-        context = {"tenant": tenant, "session_id": session_id, "task": state.key, "model": model}
+        context = {"tenant": tenant, "session_id": session_id, "task": state.key, "model": model,
+                   "api": dialect.name}
 
         stop = decision.stop
         if stop is not None:
@@ -274,16 +297,31 @@ class Guard:
             return exchange
 
         body = raw
-        if decision.warnings:
-            body = orjson.dumps({**payload, "messages": self._with_warnings(messages, decision.warnings)})
-            latest = decision.warnings[-1]
+        warnings = decision.warnings
+        # A warning is re-created at its place in every request; where the service keeps the conversation
+        # (a chained Responses request), the ones already sent are in it, and only new ones are added.
+        inserted = [(e.place, self.settings.warning_role, warning_text(e)) for e in warnings
+                    if e.place > conversation.own_start]
+        if inserted:
+            body = orjson.dumps(dialect.with_messages(payload, conversation, [
+                (place, dialect.warning_message(role, text)) for place, role, text in inserted]))
+        if warnings:
+            latest = warnings[-1]
             headers["X-Loopwarden-Warning"] = f"{latest.number}/{latest.limit} {latest.type}"
         watcher = ResponseWatcher(self.config, _detached(state, cache), decision, len(messages), plan_mode)
-        max_completion = payload.get("max_completion_tokens") or payload.get("max_tokens")
+        max_completion = payload.get("max_completion_tokens") or payload.get("max_tokens") or \
+            payload.get("max_output_tokens")
         max_completion = max_completion if isinstance(max_completion, int) else DEFAULT_COMPLETION_TOKENS
-        warnings = decision.warnings
-        exchange = WatchedExchange(self, body, headers, context, watcher, max_completion,
-                                   warnings[-1] if warnings else None)
+        on_answer = None
+        if dialect.name == "responses" and payload.get("store") is not False and self.store is not None:
+            # The service keeps this response: remember the conversation as sent, for requests that continue it.
+            sent = _with_neutral(messages, inserted)[conversation.own_start:]
+            conversation_id = chain.conversation_id if chain is not None else _conversation_id(payload)
+            previous = chain.last_id if chain is not None else None
+            on_answer = lambda answer, response_id: self.store.record_response(  # noqa: E731
+                tenant, response_id, previous, conversation_id, session_id, sent + [answer])
+        exchange = WatchedExchange(self, dialect, body, headers, context, watcher, max_completion,
+                                   warnings[-1] if warnings else None, on_answer)
         if warnings:
             exchange.on_delivered = lambda request_id: self._log_warnings(context, warnings, request_id)
         if self.judge is not None and key not in self._judging and model and \
@@ -313,13 +351,6 @@ class Guard:
                 self.metrics.judge_tokens.inc(tokens)
         finally:
             self._judging.pop(key, None)
-
-    def _with_warnings(self, messages: list[dict], warnings: list[Episode]) -> list[dict]:
-        result = list(messages)
-        # From the last place back, so earlier places stay put; at one place, in episode order.
-        for episode in sorted(warnings, key=lambda e: (e.place, e.number), reverse=True):
-            result.insert(episode.place, {"role": self.settings.warning_role, "content": warning_text(episode)})
-        return result
 
     def _log_warnings(self, context: dict, warnings: list[Episode], request_id: str | None) -> None:
         """The warnings reached the model: each is logged once, when a request first carries it. A chant the
@@ -362,9 +393,25 @@ class Guard:
             "created_at": utcnow(), "session_id": context["session_id"], "tenant": context["tenant"],
             "task": context["task"], "model": context["model"], "type": episode.type, "action": action,
             "episode": episode.number, "episode_limit": episode.limit, "turn": episode.turn,
-            "detail": episode.detail, "request_id": request_id, "tokens_saved_estimate": tokens_saved,
+            "detail": {**episode.detail, "api": context["api"]}, "request_id": request_id,
+            "tokens_saved_estimate": tokens_saved,
             "episode_key": key,
         })
+
+
+def _with_neutral(messages: list[dict], inserted: list[tuple[int, str, str]]) -> list[dict]:
+    """The neutral conversation with the warnings inserted at their places (as the request sent them)."""
+    result = list(messages)
+    for place, role, text in reversed(sorted(inserted, key=lambda item: item[0])):
+        result.insert(place, {"role": role, "content": text})
+    return result
+
+
+def _conversation_id(payload: dict) -> str | None:
+    conversation = payload.get("conversation")
+    if isinstance(conversation, dict):
+        conversation = conversation.get("id")
+    return conversation if isinstance(conversation, str) and conversation else None
 
 
 def _detached(state: TaskState, cache: FoldCache) -> TaskState:

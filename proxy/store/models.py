@@ -88,3 +88,24 @@ class JudgeCheckRow(Base):
     tokens: Mapped[int] = mapped_column(Integer(), default=0)
 
     __table_args__ = (Index("ix_judge_checks_session", "tenant", "session_id", "task"),)
+
+
+class ResponseRow(Base):
+    """A response the proxy relayed whose conversation the service keeps (Responses API, `store` on): what
+    its request added to the conversation, as sent, and the answer. Requests that continue it with
+    `previous_response_id` or a `conversation` id are analysed through these, on every replica."""
+
+    __tablename__ = "responses"
+
+    tenant: Mapped[str] = mapped_column(String(32), primary_key=True)
+    response_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    previous_id: Mapped[str | None] = mapped_column(String(128))
+    conversation_id: Mapped[str | None] = mapped_column(String(128))
+    session_id: Mapped[str] = mapped_column(String(256))
+    created_at: Mapped[datetime] = mapped_column(DateTime())
+    messages: Mapped[list] = mapped_column(JSON())
+
+    __table_args__ = (
+        Index("ix_responses_conversation", "tenant", "conversation_id", "created_at"),
+        Index("ix_responses_created_at", "created_at"),
+    )

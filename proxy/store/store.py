@@ -11,19 +11,65 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import and_, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.detect.judge_policy import JudgeCheck
 from proxy.store.database import create_engine, ping
-from proxy.store.models import JudgeCheckRow, SessionRow
+from proxy.store.models import JudgeCheckRow, ResponseRow, SessionRow
 from proxy.store.writer import LogWriter, utcnow
 
 log = logging.getLogger("loopwarden.store")
 POLL_EVERY = 1.0
+PRUNE_EVERY = 600.0  # seconds between deletions of responses past their retention
+CACHED_RESPONSES = 20_000  # responses kept in memory for chained requests (each bounded, see below)
+MAX_CHAIN = 5_000  # responses followed back from one request
+MAX_STORED_TEXT = 16_000  # characters kept of each message's text and each call's arguments
+
+
+@dataclass(frozen=True)
+class Chain:
+    """What a chained Responses request continues: the conversation so far, as the proxy saw it sent."""
+
+    messages: list[dict]
+    last_id: str | None  # the response the request continues
+    session_id: str | None
+    conversation_id: str | None
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    previous_id: str | None
+    conversation_id: str | None
+    session_id: str
+    messages: list[dict]
+
+
+def _bounded(message: dict) -> dict:
+    """A message as stored: long texts keep their start (their verdicts are the same on every replica)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    bounded = {"role": message.get("role"), "content": content[:MAX_STORED_TEXT] if isinstance(content, str) else None}
+    for name in ("tool_call_id", "status", "is_error"):
+        if name in message:
+            bounded[name] = message[name]
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        bounded["tool_calls"] = []
+        for call in calls:
+            function = (call.get("function") or {}) if isinstance(call, dict) else {}
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                arguments = arguments[:MAX_STORED_TEXT]
+            bounded["tool_calls"].append({"id": call.get("id") if isinstance(call, dict) else None,
+                                          "type": "function",
+                                          "function": {"name": function.get("name"), "arguments": arguments}})
+    return bounded
 
 
 @dataclass(frozen=True)
@@ -36,7 +82,8 @@ NO_CONTROLS = Controls()
 
 
 class Store:
-    def __init__(self, database_url: str, buffer_size: int = 10_000, on_drop=None) -> None:
+    def __init__(self, database_url: str, buffer_size: int = 10_000, on_drop=None,
+                 response_retention_days: float = 30.0) -> None:
         self.database_url = database_url
         self.engine: AsyncEngine = create_engine(database_url)
         self.writer = LogWriter(self.engine, buffer_size, on_drop=on_drop)
@@ -45,6 +92,9 @@ class Store:
         self._controls_seen: datetime | None = None
         self._checks_seen = 0
         self._poller: asyncio.Task | None = None
+        self.response_retention = timedelta(days=response_retention_days)
+        self._responses: OrderedDict[tuple[str, str], StoredResponse] = OrderedDict()
+        self._latest: OrderedDict[tuple[str, str], str] = OrderedDict()  # (tenant, conversation) -> response
 
     async def start(self) -> None:
         try:
@@ -90,6 +140,81 @@ class Store:
     def _remember_check(self, tenant: str, session_id: str, check: JudgeCheck) -> None:
         self._checks.setdefault((tenant, session_id), {})[(check.task, check.turn)] = check
 
+    # -- Responses conversations the service keeps --------------------------------------------------------
+
+    def record_response(self, tenant: str, response_id: str | None, previous_id: str | None,
+                        conversation_id: str | None, session_id: str, messages: list[dict]) -> None:
+        """A response the service keeps: what its request added and its answer, for requests that continue it."""
+        if not response_id:
+            return
+        stored = StoredResponse(previous_id, conversation_id, session_id, [_bounded(m) for m in messages])
+        self._remember_response(tenant, response_id, stored)
+        if conversation_id:
+            _put(self._latest, (tenant, conversation_id), response_id, CACHED_RESPONSES)
+        self.writer.add_response({"tenant": tenant, "response_id": response_id[:128], "previous_id": previous_id,
+                                  "conversation_id": conversation_id, "session_id": session_id,
+                                  "created_at": utcnow(), "messages": stored.messages})
+
+    def _remember_response(self, tenant: str, response_id: str, stored: StoredResponse) -> None:
+        _put(self._responses, (tenant, response_id), stored, CACHED_RESPONSES)
+
+    async def chain(self, tenant: str, previous_id: str | None, conversation_id: str | None) -> Chain:
+        """The conversation a request continues, oldest first: from memory, else from the database (another
+        replica's responses, or this one's before a restart). What cannot be found is left out."""
+        try:
+            start = previous_id
+            if start is None and conversation_id:
+                start = self._latest.get((tenant, conversation_id)) or await self._latest_in(tenant, conversation_id)
+            found: list[StoredResponse] = []
+            current = start
+            while current is not None and len(found) < MAX_CHAIN:
+                stored = self._responses.get((tenant, current))
+                if stored is None:
+                    loaded = await self._load_chain(tenant, current)
+                    found += loaded
+                    break
+                found.append(stored)
+                current = stored.previous_id
+        except Exception as exc:  # the database is down: analyse what this replica has
+            log.warning("could not read the conversation before response %s: %s", previous_id or conversation_id,
+                        str(exc).splitlines()[0])
+            return Chain([], previous_id, None, conversation_id)
+        messages = [message for stored in reversed(found) for message in stored.messages]
+        session_id = found[-1].session_id if found else None
+        return Chain(messages, start, session_id, conversation_id)
+
+    async def _latest_in(self, tenant: str, conversation_id: str) -> str | None:
+        async with self.engine.connect() as connection:
+            return (await connection.execute(
+                select(ResponseRow.response_id).where(ResponseRow.tenant == tenant,
+                                                      ResponseRow.conversation_id == conversation_id)
+                .order_by(ResponseRow.created_at.desc()).limit(1))).scalar()
+
+    async def _load_chain(self, tenant: str, start: str) -> list[StoredResponse]:
+        """The chain from `start` back to its root, in one recursive query; newest first."""
+        rows = ResponseRow.__table__
+        chain = select(rows).where(rows.c.tenant == tenant, rows.c.response_id == start).cte("chain", recursive=True)
+        chain = chain.union_all(select(rows).join(chain, and_(rows.c.tenant == chain.c.tenant,
+                                                              rows.c.response_id == chain.c.previous_id)))
+        async with self.engine.connect() as connection:
+            found = {row.response_id: row for row in (await connection.execute(select(chain).limit(MAX_CHAIN))).all()}
+        result = []
+        current: str | None = start
+        while current in found and len(result) < MAX_CHAIN:
+            row = found.pop(current)
+            stored = StoredResponse(row.previous_id, row.conversation_id, row.session_id, row.messages)
+            self._remember_response(tenant, current, stored)
+            result.append(stored)
+            current = row.previous_id
+        return result
+
+    async def prune_responses(self) -> int:
+        """Forget responses past their retention."""
+        async with self.engine.begin() as connection:
+            result = await connection.execute(
+                delete(ResponseRow).where(ResponseRow.created_at < utcnow() - self.response_retention))
+        return result.rowcount or 0
+
     # -- operator controls: awaited, off the request path -------------------------------------------------------
 
     async def set_controls(self, session_id: str, tenant: str | None, *, disabled: bool | None = None,
@@ -124,10 +249,15 @@ class Store:
     # -- keeping the memory fresh -----------------------------------------------------------------------------
 
     async def _poll(self) -> None:
+        loop = asyncio.get_running_loop()
+        pruned_at = loop.time()
         while True:
             await asyncio.sleep(POLL_EVERY)
             try:
                 await self.refresh()
+                if loop.time() - pruned_at >= PRUNE_EVERY:
+                    pruned_at = loop.time()
+                    await self.prune_responses()
             except Exception as exc:
                 log.debug("controls poll failed: %s", exc)
 
@@ -151,3 +281,10 @@ class Store:
                     row.task, row.turn, row.confidence, row.confirm_confidence, row.analysis or ""))
                 self._checks_seen = row.id
 
+
+
+def _put(cache: OrderedDict, key, value, size: int) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    if len(cache) > size:
+        cache.popitem(last=False)

@@ -15,7 +15,7 @@ from sqlalchemy import bindparam, func, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from proxy.store.models import Detection, JudgeCheckRow, SessionRow
+from proxy.store.models import Detection, JudgeCheckRow, ResponseRow, SessionRow
 
 log = logging.getLogger("loopwarden.store")
 
@@ -64,6 +64,8 @@ class LogWriter:
         self._insert_detections = dialect_insert(engine, Detection).on_conflict_do_nothing(
             index_elements=["episode_key"])
         self._insert_checks = dialect_insert(engine, JudgeCheckRow)
+        self._insert_responses = dialect_insert(engine, ResponseRow).on_conflict_do_nothing(
+            index_elements=["tenant", "response_id"])
         self._mark_recovered = update(Detection).where(
             Detection.tenant == bindparam("b_tenant"), Detection.session_id == bindparam("b_session_id"),
             Detection.task == bindparam("b_task"), Detection.episode == bindparam("b_episode"),
@@ -88,6 +90,9 @@ class LogWriter:
 
     def add_judge_check(self, values: dict) -> None:
         self._add({"table": JudgeCheckRow, "values": values})
+
+    def add_response(self, values: dict) -> None:
+        self._add({"table": ResponseRow, "values": values})
 
     def add_recovery(self, values: dict) -> None:
         """Mark a task's episode as answered by a model that moved on (b_tenant, b_session_id, b_task,
@@ -188,6 +193,9 @@ class LogWriter:
                 detections = [r["values"] for r in rows if r["table"] is Detection]
                 checks = [r["values"] for r in rows if r["table"] is JudgeCheckRow]
                 recoveries = [r["values"] for r in rows if r["table"] == "recovered"]
+                responses = [r["values"] for r in rows if r["table"] is ResponseRow]
+                if responses:
+                    await connection.execute(self._insert_responses, responses)
                 if detections:
                     await connection.execute(self._insert_detections, detections)
                 if checks:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import orjson
 
 
+def error_object(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict:
+    return {"message": message, "type": type_, "param": param, "code": code}
+
+
 def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
+    return orjson.dumps({"error": error_object(message, type_, code, param)})
 
 
 def sse_error_event(message: str, type_: str, code: str | None = None) -> bytes:
