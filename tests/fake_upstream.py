@@ -72,6 +72,8 @@ class FakeUpstream:
         self.port = 0
         app = web.Application(client_max_size=1024**3)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/responses", self._responses)
+        self.stored: dict[str, dict] = {}  # responses kept (store on), by id
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/files/{file_id}/content", self._file_content)
@@ -99,6 +101,14 @@ class FakeUpstream:
         """The agent's chat requests (not the judge's)."""
         return [r.json for r in self.requests if r.path == "/v1/chat/completions"
                 and "X-Loopwarden-Judge" not in r.headers]
+
+    @property
+    def responses_requests(self) -> list[dict]:
+        return [r.json for r in self.requests if r.path == "/v1/responses"]
+
+    @property
+    def responses_raw(self) -> list[bytes]:
+        return [r.body for r in self.requests if r.path == "/v1/responses"]
 
     @property
     def judge_requests(self) -> list[dict]:
@@ -215,6 +225,113 @@ class FakeUpstream:
                     "choices": [], "usage": usage}
             yield b"data: " + orjson.dumps(data) + b"\n\n"
         yield b"data: [DONE]\n\n"
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """The Responses API as the service speaks it: output items, `response.*` events with sequence
+        numbers, arguments split mid-token, and `previous_response_id` refused when it is not kept."""
+        received = await self._record(request)
+        body = received.json
+        previous = body.get("previous_response_id")
+        if previous is not None and previous not in self.stored:
+            return web.json_response({"error": {"message": f"Previous response with id '{previous}' not found.",
+                                                "type": "invalid_request_error", "param": "previous_response_id",
+                                                "code": "previous_response_not_found"}}, status=400)
+        turn = self._next_turn(body)
+        if turn.latency:
+            await asyncio.sleep(turn.latency)
+        if turn.raw_body is not None:
+            return web.Response(status=turn.status, body=turn.raw_body, headers=turn.headers)
+        if turn.status != 200:
+            return web.json_response(turn.error or {"error": {"message": "upstream failure", "type": "server_error",
+                                                              "param": None, "code": None}}, status=turn.status)
+        number = next(self._ids)
+        response_id = f"resp_{number:04d}"
+        output: list[dict] = []
+        if turn.content is not None:
+            output.append({"id": f"msg_{number}", "type": "message", "status": "completed", "role": "assistant",
+                           "content": [{"type": "output_text", "text": turn.content, "annotations": [],
+                                        "logprobs": []}]})
+        for i, (name, args) in enumerate(turn.tool_calls):
+            arguments = args if isinstance(args, str) else orjson.dumps(args).decode()
+            output.append({"id": f"fc_{number}_{i}", "type": "function_call", "status": "completed",
+                           "call_id": f"call_{number}_{i}", "name": name, "arguments": arguments})
+        response = {"id": response_id, "object": "response", "created_at": int(time.time()), "status": "completed",
+                    "error": None, "incomplete_details": None, "instructions": body.get("instructions"),
+                    "model": body.get("model", "fake-model"), "output": output, "parallel_tool_calls": True,
+                    "previous_response_id": previous, "store": body.get("store", True),
+                    "temperature": 1.0, "tool_choice": "auto", "tools": body.get("tools") or [], "top_p": 1.0,
+                    "metadata": {}, "text": {"format": {"type": "text"}}, "truncation": "disabled",
+                    "usage": {"input_tokens": len(received.body) // 4, "input_tokens_details": {"cached_tokens": 0},
+                              "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0},
+                              "total_tokens": len(received.body) // 4 + 5}}
+        if body.get("store", True) is not False:
+            self.stored[response_id] = response
+        headers = {"x-request-id": f"req-{response_id}", **turn.headers}
+        if not body.get("stream"):
+            return web.json_response(response, headers=headers)
+        events = list(self._response_events(response, turn))
+        record = StreamRecord(planned=len(events))
+        self.streams.append(record)
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                             **headers})
+        await stream.prepare(request)
+        if turn.burst:
+            events = [b"".join(events)]
+        try:
+            for count, event in enumerate(events):
+                if turn.drop_after is not None and count >= turn.drop_after:
+                    request.transport.close()  # type: ignore[union-attr]
+                    return stream
+                if turn.delay:
+                    await asyncio.sleep(turn.delay)
+                await stream.write(event)
+                record.sent += 1
+                record.body += event
+            record.completed = True
+            await stream.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        return stream
+
+    @staticmethod
+    def _response_events(response: dict, turn: Turn):
+        sequence = itertools.count()
+
+        def event(kind: str, **data) -> bytes:
+            return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(
+                {"type": kind, **data, "sequence_number": next(sequence)}) + b"\n\n"
+
+        started = {**response, "status": "in_progress", "output": [], "usage": None}
+        yield event("response.created", response=started)
+        yield event("response.in_progress", response=started)
+        if turn.keepalive:
+            yield b": keep-alive\n\n"
+        for index, item in enumerate(response["output"]):
+            if item["type"] == "message":
+                text = item["content"][0]["text"]
+                yield event("response.output_item.added", output_index=index,
+                            item={**item, "status": "in_progress", "content": []})
+                yield event("response.content_part.added", item_id=item["id"], output_index=index, content_index=0,
+                            part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+                step = max(1, turn.chunk_chars)
+                for start in range(0, len(text), step):
+                    yield event("response.output_text.delta", item_id=item["id"], output_index=index,
+                                content_index=0, delta=text[start:start + step], logprobs=[])
+                yield event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
+                            text=text, logprobs=[])
+                yield event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
+                            part=item["content"][0])
+            else:
+                arguments = item["arguments"]
+                yield event("response.output_item.added", output_index=index,
+                            item={**item, "status": "in_progress", "arguments": ""})
+                for start in range(0, len(arguments), 7):  # split mid key, mid value, mid escape
+                    yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                                delta=arguments[start:start + 7])
+                yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                            arguments=arguments)
+            yield event("response.output_item.done", output_index=index, item=item)
+        yield event("response.completed", response=response)
 
     async def _models(self, request: web.Request) -> web.Response:
         await self._record(request)

@@ -301,7 +301,7 @@ class Guard:
         # A warning is re-created at its place in every request; where the service keeps the conversation
         # (a chained Responses request), the ones already sent are in it, and only new ones are added.
         inserted = [(e.place, self.settings.warning_role, warning_text(e)) for e in warnings
-                    if e.place > conversation.own_start]
+                    if e.place >= conversation.own_start]
         if inserted:
             body = orjson.dumps(dialect.with_messages(payload, conversation, [
                 (place, dialect.warning_message(role, text)) for place, role, text in inserted]))

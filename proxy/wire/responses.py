@@ -80,26 +80,27 @@ def items_to_messages(items: list, first_index: int = 0) -> tuple[list[dict], li
 
 
 def conversation_of(payload: dict, history: list[dict] | None = None) -> Conversation:
-    """The request's conversation: what the chain before it held (`history`), then its own instructions
-    and input."""
+    """The request's conversation: its instructions (the system prompt), what the chain before it held
+    (`history`), then its own input items. Only the input items are the request's own: they are what a
+    warning can be inserted among, and what the service will keep."""
     instructions = payload.get("instructions")
     raw_input = payload.get("input")
-    own: list[dict] = []
-    ends: list[int] = []
+    messages: list[dict] = []
     if isinstance(instructions, str) and instructions:
-        own.append({"role": "system", "content": instructions})
-        ends.append(0)
+        messages.append({"role": "system", "content": instructions})
+    messages += history or []
+    own_start = len(messages)
     if isinstance(raw_input, str):
-        own.append({"role": "user", "content": raw_input})
-        ends.append(1)
+        messages.append({"role": "user", "content": raw_input})
+        ends = [1]
     elif isinstance(raw_input, list):
-        messages, item_ends = items_to_messages(raw_input)
-        own += messages
-        ends += item_ends
-    elif raw_input is not None:
+        own, ends = items_to_messages(raw_input)
+        messages += own
+    elif raw_input is None:
+        ends = []
+    else:
         raise RequestError("'input' must be a string or an array of items")
-    history = history or []
-    return Conversation(history + own, len(history), ends)
+    return Conversation(messages, own_start, ends)
 
 
 class ResponsesDialect:

@@ -1,0 +1,211 @@
+"""The Responses API through loopwarden, with the real openai client: full input and chained, streamed and
+not, warned, stopped and cut like chat completions; chained conversations followed across replicas."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import openai
+import orjson
+import pytest
+
+from tests.fake_upstream import Turn
+from tests.responses_agent import ResponsesAgent
+
+CONTENT = "def main():\n    return load_config('settings.toml')\n"
+SENTENCE = "I will now check the configuration file once more. "
+MODES = [pytest.param(chained, stream, id=f"{'chained' if chained else 'full'}-{'stream' if stream else 'json'}")
+         for chained in (False, True) for stream in (False, True)]
+
+
+def warnings_in(body: dict) -> list[tuple[int, str, str]]:
+    """(position, role, text) of every loopwarden warning among a Responses request's input items."""
+    items = body.get("input")
+    items = items if isinstance(items, list) else []
+    return [(i, item.get("role"), item["content"]) for i, item in enumerate(items)
+            if isinstance(item.get("content"), str) and item["content"].startswith("[loopwarden]")]
+
+
+async def loop_calls(agent: ResponsesAgent, upstream, count: int, result, name: str = "read_file", args=None):
+    for i in range(count):
+        upstream.script.append(Turn(tool_calls=[(name, args or {"path": "src/app.py"})]))
+        await agent.turn()
+        agent.answer(result(i) if callable(result) else result)
+
+
+@pytest.mark.parametrize("chained, stream", MODES)
+async def test_identical_calls_warn_twice_then_stop(upstream, proxy, chained, stream):
+    agent = ResponsesAgent(proxy.url, chained=chained, stream=stream)
+    await loop_calls(agent, upstream, 5, CONTENT)
+    assert all(warnings_in(body) == [] for body in upstream.responses_requests)
+
+    upstream.script.append(Turn(tool_calls=[("read_file", {"path": "src/app.py"})]))
+    await agent.turn()
+    sixth = upstream.responses_requests[5]
+    ((position, role, text),) = warnings_in(sixth)
+    assert position == len(sixth["input"]) - 1 and role == "system"  # right after the 5th call's output
+    assert text.startswith("[loopwarden] Loop detected (1/2): ") and "`read_file`" in text
+    assert agent.last_headers["x-loopwarden-warning"] == "1/2 tool_call"
+    agent.answer(CONTENT)
+
+    upstream.script.append(Turn(tool_calls=[("read_file", {"path": "src/app.py"})]))
+    await agent.turn()
+    seventh = upstream.responses_requests[6]
+    found = [text[:32] for _, _, text in warnings_in(seventh)]
+    if chained:  # the service keeps the first warning: it is sent once, never again in the chain
+        assert found == ["[loopwarden] Loop detected (2/2)"]
+        assert seventh["previous_response_id"] == upstream.stored[seventh["previous_response_id"]]["id"]
+    else:  # the whole input is resent: the first warning is re-created at its place
+        assert found == ["[loopwarden] Loop detected (1/2)", "[loopwarden] Loop detected (2/2)"]
+        assert warnings_in(seventh)[0][0] == position
+    agent.answer(CONTENT)
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        await agent.turn()
+    assert caught.value.code == "loop_detected" and caught.value.body["type"] == "loop_detected"
+    assert caught.value.response.headers["x-loopwarden-loop"] == "tool_call"
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert len(upstream.responses_requests) == 7  # the stop never reached upstream
+    await agent.close()
+
+
+async def test_alternating_calls_are_a_cycle(upstream, proxy):
+    agent = ResponsesAgent(proxy.url, chained=True)
+    for i in range(10):
+        name = "ls" if i % 2 == 0 else "read_file"
+        await loop_calls(agent, upstream, 1, "a.py b.py" if name == "ls" else CONTENT, name=name)
+    upstream.script.append(Turn(content="Let me think."))
+    await agent.turn()
+    ((_, _, text),) = warnings_in(upstream.responses_requests[-1])
+    assert "cycle of tool calls (`ls` with" in text and "→ `read_file` with" in text
+    await agent.close()
+
+
+async def test_the_same_failing_call_is_a_tool_error(upstream, proxy):
+    agent = ResponsesAgent(proxy.url, stream=True)
+    await loop_calls(agent, upstream, 3, lambda i: f"Error: build failed at 2026-11-23T10:00:0{i}Z",
+                     name="run_build", args={"target": "all"})
+    upstream.script.append(Turn(content="Hmm."))
+    await agent.turn()
+    ((_, _, text),) = warnings_in(upstream.responses_requests[-1])
+    assert "`run_build` with {\"target\":\"all\"} failed 3 times with the same error" in text
+    await agent.close()
+
+
+async def test_chanting_is_cut_and_the_sdk_stream_ends_cleanly(upstream, proxy):
+    agent = ResponsesAgent(proxy.url, stream=True, chained=True)
+    upstream.script.append(Turn(content=SENTENCE * 300, chunk_chars=7, burst=True))
+    response = await agent.turn()
+    completed = agent.events[-1]
+    assert completed["type"] == "response.completed"
+    assert completed["loopwarden"] == {"loop": "content", "action": "cut", "episode": "1/2"}
+    text = response["output"][0]["content"][0]["text"]
+    assert text.endswith("\n\n[loopwarden] Output cut: the same text repeated 10 times.")
+    assert text.count(SENTENCE.strip()) <= 10 and response["status"] == "completed"
+    numbers = [e["sequence_number"] for e in agent.events]
+    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
+
+    # The next request of the chain carries the warning (once); the cut text is the model's, the notice not.
+    upstream.script.append(Turn(content="Sorry, here is the summary."))
+    await agent.turn()
+    ((_, _, warning),) = warnings_in(upstream.responses_requests[-1])
+    assert warning.startswith("[loopwarden] Loop detected (1/2): your reply keeps repeating")
+    await agent.close()
+
+
+async def test_a_stop_reached_mid_stream_raises_loop_detected(upstream, proxy_factory):
+    running = await proxy_factory(upstream.url, max_warnings=0)
+    agent = ResponsesAgent(running.url, stream=True)
+    upstream.script.append(Turn(content=SENTENCE * 300, chunk_chars=9))
+    with pytest.raises(openai.APIError) as caught:
+        await agent.turn()
+    assert caught.value.code == "loop_detected" and "Loop detected" in caught.value.message
+    await agent.close()
+
+
+async def test_a_chain_continued_on_a_freshly_started_replica_reaches_the_same_verdicts(upstream, proxy_factory,
+                                                                                     tmp_path):
+    database = f"sqlite+aiosqlite:///{tmp_path}/shared.db"
+    first = await proxy_factory(upstream.url, database_url=database)
+    agent = ResponsesAgent(first.url, chained=True)
+    await loop_calls(agent, upstream, 6, CONTENT)  # the 6th request carried the first warning
+    assert len(warnings_in(upstream.responses_requests[-1])) == 1
+    await first.runner.cleanup()  # flushes what it logged and kept
+
+    second = await proxy_factory(upstream.url, database_url=database)
+    await agent.client.close()
+    agent.client = openai.AsyncOpenAI(base_url=second.url, api_key="sk-agent-key-123", max_retries=0)
+    upstream.script.append(Turn(tool_calls=[("read_file", {"path": "src/app.py"})]))
+    await agent.turn()
+    found = [text[:32] for _, _, text in warnings_in(upstream.responses_requests[-1])]
+    assert found == ["[loopwarden] Loop detected (2/2)"]  # the first is in the chain already
+    agent.answer(CONTENT)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await agent.turn()
+    assert caught.value.code == "loop_detected"
+    # Both replicas named the same session: the chain's.
+    rows = []
+    async with aiohttp.ClientSession() as http:
+        for _ in range(50):  # the log is written in batches
+            async with http.get(f"{second.root}/loopwarden/api/detections") as response:
+                rows = (await response.json())["data"]
+            if len(rows) == 3:
+                break
+            await asyncio.sleep(0.05)
+    assert [(r["episode"], r["action"], r["detail"]["api"]) for r in rows] == [
+        (3, "stopped", "responses"), (2, "warned", "responses"), (1, "warned", "responses")]
+    assert len({r["session_id"] for r in rows}) == 1
+    await agent.close()
+
+
+async def test_a_chain_through_a_response_never_seen_is_analysed_from_what_there_is(upstream, proxy):
+    # The first responses went straight to the service; loopwarden sees the chain from the middle.
+    direct = ResponsesAgent(upstream.url, chained=True)
+    await loop_calls(direct, upstream, 3, CONTENT)
+    agent = ResponsesAgent(proxy.url, chained=True)
+    agent.previous_id, agent.pending = direct.previous_id, direct.pending
+    await loop_calls(agent, upstream, 3, CONTENT)
+    assert all(warnings_in(body) == [] for body in upstream.responses_requests)
+    # An unknown previous response: the service's own error passes through, the proxy adds nothing.
+    with pytest.raises(openai.BadRequestError) as caught:
+        await agent.client.responses.create(model="gpt-test", input="hi", previous_response_id="resp_unknown")
+    assert caught.value.code == "previous_response_not_found"
+    await agent.close()
+    await direct.close()
+
+
+async def test_requests_and_answers_without_a_warning_are_byte_for_byte(upstream, proxy):
+    body = orjson.dumps({"model": "gpt-test", "input": [{"role": "user", "content": "hi"}], "store": False,
+                         "reasoning": {"effort": "low"}, "include": ["reasoning.encrypted_content"],
+                         "prompt_cache_key": "k-1", "tools": [], "stream": True}) + b"  "
+    upstream.script.append(Turn(content="Hello there, nice to meet you.", chunk_chars=3))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.url}/responses", data=body,
+                             headers={"Content-Type": "application/json"}) as response:
+            received = await response.read()
+    assert upstream.responses_raw[-1] == body
+    assert received == bytes(upstream.streams[-1].body)
+    upstream.script.append(Turn(content="Hello again."))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.url}/responses", json={"model": "gpt-test", "input": "hi"}) as response:
+            assert (await response.json())["output"][0]["content"][0]["text"] == "Hello again."
+
+
+async def test_bad_responses_input_is_a_clear_400(upstream, proxy):
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.url}/responses", json={"model": "m", "input": 42}) as response:
+            body = await response.json()
+    assert response.status == 400 and body["error"]["type"] == "invalid_request_error"
+    assert "'input'" in body["error"]["message"]
+    assert upstream.responses_requests == []
+
+
+async def test_sessions_from_the_conversation_id(upstream, proxy):
+    agent = ResponsesAgent(proxy.url)
+    upstream.script.append(Turn(content="hi"))
+    raw = await agent.client.responses.with_raw_response.create(model="gpt-test", input="hi",
+                                                                extra_body={"conversation": "conv_42"})
+    assert raw.headers["x-loopwarden-session"] == "conv_42"
+    await agent.close()
+    await asyncio.sleep(0)
