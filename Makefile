@@ -23,12 +23,14 @@ migrate: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-# smolagents, LlamaIndex and DSPy driven through loopwarden, in an environment of their own. Those
-# packages leave their HTTP clients open at exit, hence the two warnings ignored here only.
+# smolagents, LlamaIndex, DSPy and the OpenAI Agents SDK driven through loopwarden, in an environment of
+# their own. The Agents SDK goes in last: it wants a newer openai than LlamaIndex declares (which works).
+# Those packages leave their HTTP clients open at exit, hence the two warnings ignored here only.
 AGENTS_VENV := .venv-agents
 agents-check:
 	test -x $(AGENTS_VENV)/bin/python || $(PYTHON) -m venv $(AGENTS_VENV)
 	$(AGENTS_VENV)/bin/pip install --quiet -e '.[dev,agents]'
+	$(AGENTS_VENV)/bin/pip install --quiet 'openai-agents>=0.20'
 	$(AGENTS_VENV)/bin/python -m pytest -q tests/agents -W ignore::ResourceWarning \
 		-W ignore::pytest.PytestUnraisableExceptionWarning
 
