@@ -4,6 +4,7 @@ not, warned, stopped and cut like chat completions; chained conversations follow
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import aiohttp
 import openai
@@ -209,3 +210,74 @@ async def test_sessions_from_the_conversation_id(upstream, proxy):
     assert raw.headers["x-loopwarden-session"] == "conv_42"
     await agent.close()
     await asyncio.sleep(0)
+
+
+# A looping Codex CLI run as it sent it (exec_command outputs with a new Chunk ID each time, full input,
+# `store: false`), with the reasoning items its model would have sent back before each call.
+CODEX = orjson.loads((Path(__file__).parent / "fixtures" / "codex_exec_loop.json").read_bytes())
+
+
+def codex_requests() -> list[dict]:
+    """Codex's request before each turn: the opening messages, then each call and its output."""
+    items: list[dict] = []
+    requests = []
+    for item in CODEX["input"]:
+        if item.get("type") == "function_call":
+            if not requests:
+                requests.append(list(items))
+            items.append({"type": "reasoning", "id": f"rs_{len(items)}", "summary": [],
+                          "encrypted_content": "gAAAAB" + "x" * 40})
+        items.append(item)
+        if item.get("type") == "function_call_output":
+            requests.append(list(items))
+    # The recording ends with the request that carried the second warning; the agent went on once more.
+    call, output = dict(items[-2]), dict(items[-1])
+    call["call_id"] = output["call_id"] = "call_again"
+    call["id"] = "fc_again"
+    output["output"] = output["output"].replace("Chunk ID: ", "Chunk ID: 9", 1)
+    requests.append(list(items) + [{"type": "reasoning", "id": "rs_again", "summary": [],
+                                    "encrypted_content": "gAAAAB" + "y" * 40}, call, output])
+    return [{**{k: v for k, v in CODEX.items() if k != "input"}, "input": r} for r in requests]
+
+
+async def test_a_codex_run_is_warned_and_stopped_at_the_same_calls_as_a_chat_agent(upstream, proxy):
+    outcomes = []
+    async with aiohttp.ClientSession() as http:
+        for body in codex_requests():
+            upstream.script.append(Turn(tool_calls=[("exec_command", {"cmd": "cat a.txt"})]))
+            async with http.post(f"{proxy.url}/responses", json=body,
+                                 headers={"session_id": "codex-run", "Authorization": "Bearer sk-x"}) as response:
+                await response.read()
+                outcomes.append("stop" if response.status == 400 else
+                                response.headers.get("X-Loopwarden-Warning", "-"))
+            if response.status == 400:
+                error = (await response.json())["error"]
+                assert error["code"] == "loop_detected" and "`exec_command` with {\"cmd\":\"cat a.txt\"}" in \
+                    error["message"]
+                break
+    sent = upstream.responses_requests
+    assert all(r["input"][:4] == body["input"][:4] for r, body in zip(sent, codex_requests()))
+    # Reasoning items go upstream untouched, each still right before its call.
+    last = sent[-1]["input"]
+    assert [last[i + 1]["type"] for i, item in enumerate(last) if item.get("type") == "reasoning"] == \
+        ["function_call"] * sum(1 for item in last if item.get("type") == "function_call")
+
+    # The same calls and outputs as a chat agent's conversation, through the chat path.
+    from tests.agent import Agent
+
+    chat = Agent(proxy.url, headers={"X-Loopwarden-Session": "chat-twin"})
+    chat_outcomes = []
+    outputs = [item["output"] for item in codex_requests()[-1]["input"] if item.get("type") == "function_call_output"]
+    for output in outputs + [None]:
+        upstream.script.append(Turn(tool_calls=[("exec_command", {"cmd": "cat a.txt"})]))
+        try:
+            await chat.turn()
+        except openai.BadRequestError:
+            chat_outcomes.append("stop")
+            break
+        chat_outcomes.append(chat.last_headers.get("x-loopwarden-warning", "-"))
+        if output is not None:
+            chat.answer(output)
+    await chat.close()
+    assert outcomes == chat_outcomes, (outcomes, chat_outcomes)
+    assert outcomes[-3:] == ["1/2 tool_call", "2/2 tool_call", "stop"]
