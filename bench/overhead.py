@@ -27,6 +27,8 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = orjson.dumps({"model": "bench", "messages": [{"role": "system", "content": "You are an agent."},
                                                       {"role": "user", "content": "Fix the failing test."}]})
+RESPONSES_SMALL = orjson.dumps({"model": "bench", "instructions": "You are an agent.", "store": False,
+                                "input": [{"role": "user", "content": "Fix the failing test."}]})
 
 
 def free_port() -> int:
@@ -86,20 +88,22 @@ class Timer:
     def __init__(self, http: aiohttp.ClientSession) -> None:
         self.http = http
 
-    async def once(self, url: str, body: bytes, headers: dict | None = None) -> float:
+    async def once(self, url: str, body: bytes, headers: dict | None = None, path: str = "/chat/completions"
+                   ) -> float:
         started = time.perf_counter()
-        async with self.http.post(url + "/chat/completions", data=body,
+        async with self.http.post(url + path, data=body,
                                   headers={"Content-Type": "application/json", **(headers or {})}) as response:
             await response.read()
             if response.status != 200:
                 raise RuntimeError(f"{url}: HTTP {response.status}")
         return time.perf_counter() - started
 
-    async def stream(self, url: str, pace_ms: float = 0) -> tuple[float, float]:
-        body = orjson.dumps({**orjson.loads(SMALL), "stream": True})
+    async def stream(self, url: str, pace_ms: float = 0, body: bytes | None = None,
+                     path: str = "/chat/completions") -> tuple[float, float]:
+        body = body or orjson.dumps({**orjson.loads(SMALL), "stream": True})
         started = time.perf_counter()
         first = None
-        async with self.http.post(url + "/chat/completions", data=body,
+        async with self.http.post(url + path, data=body,
                                   headers={"Content-Type": "application/json",
                                            "X-Bench-Pace-Ms": str(pace_ms)}) as response:
             async for _ in response.content.iter_any():
@@ -224,6 +228,39 @@ async def run(quick: bool) -> None:
                     first = statistics.median(f for f, _ in results[name])
                     whole = statistics.median(t for _, t in results[name])
                     print(f"| {name} | {ms(first)} | {ms(whole)} | {whole / direct_total:.3f}x |")
+            rounds = int(2000 * scale)
+            print(f"\n## Responses API, non-streaming, concurrency 1 ({rounds} requests each, interleaved)\n")
+            samples = {name: [] for name in targets}
+            for _ in range(rounds):
+                for name, url in targets.items():
+                    samples[name].append(await timer.once(url, RESPONSES_SMALL, path="/responses"))
+            print("| target | p50 ms | p99 ms | added p50 ms |\n|---|---|---|---|")
+            for name in targets:
+                print(f"| {name} | {ms(pct(samples[name], .5))} | {ms(pct(samples[name], .99))} | "
+                      f"{ms(pct(samples[name], .5) - pct(samples['direct'], .5))} |")
+            added_lw = pct(samples["loopwarden"], .5) - pct(samples["direct"], .5)
+            added_relay = pct(samples["relay"], .5) - pct(samples["direct"], .5)
+            print(f"\nloopwarden's added p50 is {added_lw / added_relay:.2f}x the bare relay's\n")
+
+            streams = int(300 * scale)
+            body = orjson.dumps({**orjson.loads(RESPONSES_SMALL), "stream": True})
+            print(f"## Responses API, streaming 200 text deltas as fast as the upstream writes "
+                  f"({streams} streams each, interleaved)\n")
+            results = {name: [] for name in targets}
+            for _ in range(streams):
+                for name, url in targets.items():
+                    results[name].append(await timer.stream(url, body=body, path="/responses"))
+            print("| target | first event p50 ms | total p50 ms | total vs direct | added p50 ms |\n|---|---|---|---|---|")
+            direct_total = statistics.median(t for _, t in results["direct"])
+            for name in targets:
+                first = statistics.median(f for f, _ in results[name])
+                whole = statistics.median(t for _, t in results[name])
+                print(f"| {name} | {ms(first)} | {ms(whole)} | {whole / direct_total:.3f}x | "
+                      f"{ms(whole - direct_total)} |")
+            added_lw = statistics.median(t for _, t in results["loopwarden"]) - direct_total
+            added_relay = statistics.median(t for _, t in results["relay"]) - direct_total
+            print(f"\nloopwarden's added total is {added_lw / added_relay:.2f}x the bare relay's\n")
+
             print("\n## Detection on a 200-message conversation with tool calls, and acting in text\n")
             bodies = [orjson.dumps({"model": "bench", "messages": conversation(n)}) for n in range(160, 201, 2)]
             text_bodies = [orjson.dumps({"model": "bench", "messages": text_conversation(n)})

@@ -48,9 +48,45 @@ async def upstream_chat(request: web.Request) -> web.StreamResponse:
     return response
 
 
+def _response(output_text: str) -> dict:
+    return {"id": "resp_bench", "object": "response", "created_at": int(time.time()), "status": "completed",
+            "model": "bench", "output": [{"id": "msg_bench", "type": "message", "status": "completed",
+                                          "role": "assistant", "content": [{"type": "output_text",
+                                                                            "text": output_text, "annotations": []}]}],
+            "usage": {"input_tokens": 10, "output_tokens": 8, "total_tokens": 18}}
+
+
+def _event(kind: str, sequence: int, **data) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data,
+                                                                     "sequence_number": sequence}) + b"\n\n"
+
+
+async def upstream_responses(request: web.Request) -> web.StreamResponse:
+    """The Responses API: a JSON response, or 200 `response.output_text.delta` events between the others."""
+    body = await request.read()
+    if b'"stream":true' not in body.replace(b" ", b""):
+        return web.Response(body=orjson.dumps(_response("All done: the tests pass now.")),
+                            content_type="application/json")
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    started = {**_response(""), "status": "in_progress", "output": []}
+    await response.write(_event("response.created", 0, response=started))
+    await response.write(_event("response.output_item.added", 1, output_index=0,
+                                item={"id": "msg_bench", "type": "message", "status": "in_progress",
+                                      "role": "assistant", "content": []}))
+    for i in range(STREAM_CHUNKS):
+        await response.write(_event("response.output_text.delta", i + 2, item_id="msg_bench", output_index=0,
+                                    content_index=0, delta=f"token{i} "))
+    text = "".join(f"token{i} " for i in range(STREAM_CHUNKS))
+    await response.write(_event("response.completed", STREAM_CHUNKS + 2, response=_response(text)))
+    await response.write_eof()
+    return response
+
+
 def upstream_app() -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", upstream_chat)
+    app.router.add_post("/v1/responses", upstream_responses)
     return app
 
 
@@ -64,7 +100,7 @@ def relay_app(upstream: str) -> web.Application:
         await app["client"].close()
 
     async def relay(request: web.Request) -> web.StreamResponse:
-        async with request.app["client"].post(upstream + "/chat/completions", data=await request.read(),
+        async with request.app["client"].post(upstream + request.path[len("/v1"):], data=await request.read(),
                                               headers={"Content-Type": "application/json",
                                                        **{k: v for k, v in request.headers.items()
                                                           if k.lower() == "x-bench-pace-ms"}}) as up:
@@ -77,6 +113,7 @@ def relay_app(upstream: str) -> web.Application:
 
     app.cleanup_ctx.append(start)
     app.router.add_post("/v1/chat/completions", relay)
+    app.router.add_post("/v1/responses", relay)
     return app
 
 

@@ -141,3 +141,16 @@ def test_fast_path_ends_and_boundary():
     assert [e.end for e in events] == [9, 19] and parser.at_boundary
     assert parser.feed(b"data: c") == [] and not parser.at_boundary
     assert [e.end for e in parser.feed(b"\n\n")] == [2]
+
+
+@given(st.lists(st.tuples(st.sampled_from([None, "response.output_text.delta", "response.completed"]),
+                          st.text(max_size=30)), min_size=1, max_size=8),
+       st.lists(st.integers(min_value=0, max_value=3000), max_size=10))
+@settings(max_examples=200)
+def test_named_events_read_whole_or_split_alike(events, cuts):
+    raw = b"".join((f"event: {name}\n".encode() if name else b"") + b"data: " + orjson.dumps({"t": text}) + b"\n\n"
+                   for name, text in events)
+    whole = SSEParser().feed(raw)
+    assert [(e.event, orjson.loads(e.data)["t"]) for e in whole] == events
+    assert whole[-1].end == len(raw)
+    assert parse_in_pieces(raw, [c for c in cuts if c <= len(raw)]) == [e._replace(end=0) for e in whole]

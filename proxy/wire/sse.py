@@ -37,19 +37,11 @@ class SSEParser:
         return not self._rest and not self._data and self._event is None and not self._skip_lf
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        if not self._rest and not self._data and not self._skip_lf and chunk.startswith(b"data: ") \
-                and chunk.endswith(b"\n\n") and b"\r" not in chunk:
-            # The usual case: whole one-line `data:` events, as providers send them; most often one.
-            if chunk.count(b"\n") == 2:
-                return [SSEEvent(chunk[6:-2], None, len(chunk))]
-            blocks = chunk[:-2].split(b"\n\n")
-            if all(block.startswith(b"data: ") and b"\n" not in block for block in blocks):
-                events = []
-                end = 0
-                for block in blocks:
-                    end += len(block) + 2
-                    events.append(SSEEvent(block[6:], None, end))
-                return events
+        if self.at_boundary and chunk.endswith(b"\n\n") and chunk.startswith((b"data: ", b"event: ")) \
+                and b"\r" not in chunk:
+            whole = self._whole_events(chunk)
+            if whole is not None:
+                return whole
         offset = len(self._rest)  # where `chunk` starts in the buffer
         buffer = self._rest + chunk if self._rest else chunk
         position = 0
@@ -77,4 +69,24 @@ class SSEParser:
                     self._event = value.decode("utf-8", "replace")
         self._skip_lf = buffer.endswith(b"\r") and position == len(buffer)
         self._rest = buffer[position:]
+        return events
+
+    @staticmethod
+    def _whole_events(chunk: bytes) -> list[SSEEvent] | None:
+        """The usual case, read without the line machinery: whole events of one `data:` line, each
+        perhaps named by one `event:` line before it, as providers send them; most often one. None when
+        the chunk holds anything else."""
+        if chunk.startswith(b"data: ") and chunk.count(b"\n") == 2:
+            return [SSEEvent(chunk[6:-2], None, len(chunk))]
+        events = []
+        end = 0
+        for block in chunk[:-2].split(b"\n\n"):
+            end += len(block) + 2
+            name = None
+            if block.startswith(b"event: "):
+                head, _, block = block.partition(b"\n")
+                name = head[7:].decode("utf-8", "replace")
+            if not block.startswith(b"data: ") or b"\n" in block:
+                return None
+            events.append(SSEEvent(block[6:], name, end))
         return events
