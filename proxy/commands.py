@@ -98,6 +98,11 @@ async def _stats(engine, args, since) -> str:
         f"tokens saved (estimate)    {result['tokens_saved_estimate']}",
         f"judge checks / tokens      {result['judge_checks']} / {result['judge_tokens']}",
     ]
+    observed = result["observed"]
+    if observed["detections"]:
+        lines += [f"observed (not enforced)    {observed['detections']} detections: would have warned "
+                  f"{observed['by_action']['warned']} times, cut {observed['by_action']['cut']} streams and "
+                  f"stopped {observed['would_have_stopped_tasks']} tasks"]
     return "\n".join(lines)
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
+from proxy.policy import Policies, PolicyError, parse as parse_policies
+
 ENV_PREFIX = "LOOPWARDEN_"
 WARNING_ROLES = ("system", "developer", "user")
 PRESETS: dict[str, dict[str, Any]] = {
@@ -53,6 +55,7 @@ class Settings:
     warning_role: str = "system"
     max_body_bytes: int = 32 * 1024 * 1024
     cut_notice: bool = True
+    mode: str = "enforce"
     response_retention_days: float = 30.0
     # Not in the contract's table; production defaults documented in the README.
     upstream_connect_timeout: float = 10.0
@@ -60,10 +63,20 @@ class Settings:
     shutdown_grace: float = 30.0
     log_buffer_size: int = 10_000
     log_level: str = "info"
+    # From the config file's [tools."..."] and [models."..."] tables only.
+    policies: Policies = field(default_factory=Policies)
+
+    def for_model(self, model: str | None) -> "Settings":
+        """The settings in force for a request's model: its policy's values over these."""
+        overrides = self.policies.model(model)
+        return dataclasses.replace(self, **overrides) if overrides else self
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
-_CHOICES = {"preset": tuple(PRESETS), "warning_role": WARNING_ROLES, "log_level": ("debug", "info", "warning", "error")}
+# The settings that have a flag, an environment variable and a file key.
+FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "policies"}
+MODES = ("enforce", "observe")
+_CHOICES = {"preset": tuple(PRESETS), "warning_role": WARNING_ROLES, "mode": MODES,
+            "log_level": ("debug", "info", "warning", "error")}
 _OPTIONAL_TEXT = frozenset(
     {"upstream_api_key", "admin_token", "judge_url", "judge_model", "judge_api_key", "judge_confirm_model"}
 )
@@ -134,7 +147,8 @@ def flag_name(name: str) -> str:
     return "--upstream" if name == "upstream_url" else f"--{name.replace('_', '-')}"
 
 
-def load_file(path: str) -> dict[str, Any]:
+def load_file(path: str) -> tuple[dict[str, Any], Policies]:
+    """A config file's settings, and its tool and model policies."""
     try:
         with open(path, "rb") as handle:
             data = tomllib.load(handle)
@@ -142,26 +156,39 @@ def load_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    try:
+        policies = parse_policies(data)
+    except PolicyError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
     values = {}
     for key, value in data.items():
+        if key in ("tools", "models"):
+            continue
         name = key.lower().replace("-", "_")
         if name not in FIELDS:
             raise ConfigError(f"config file {path}: unknown setting {key!r}")
         values[name] = value
-    return values
+    return values, policies
 
 
 def build(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
     """Resolve every setting. `flags` holds only the flags the user actually gave."""
+    return resolve(flags, environ)[0]
+
+
+def resolve(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+            ) -> tuple[Settings, dict[str, str]]:
+    """Every setting, and where each value came from (a flag, a variable, the file, the preset, the default)."""
     flags = {k: v for k, v in (flags or {}).items() if v is not None}
     environ = os.environ if environ is None else environ
     env_values = {
         name: environ[_label(name)] for name in FIELDS if _label(name) in environ
     }
     config_path = flags.pop("config", None) or environ.get(f"{ENV_PREFIX}CONFIG")
-    file_values = load_file(config_path) if config_path else {}
+    file_values, policies = load_file(config_path) if config_path else ({}, Policies())
 
     explicit: dict[str, Any] = {}
+    origin: dict[str, str] = {}
     sources = (
         (file_values, lambda name: f"{name} in {config_path}"),
         (env_values, _label),
@@ -175,11 +202,15 @@ def build(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | N
                 explicit[name] = _convert(name, raw)
             except ConfigError as exc:
                 raise ConfigError(f"{label(name)}: {exc}") from None
+            origin[name] = label(name)
 
-    values = {**PRESETS[explicit.get("preset", "default")], **explicit}
-    settings = Settings(**values)
+    preset = explicit.get("preset", "default")
+    for name in PRESETS[preset]:
+        origin.setdefault(name, f"preset {preset}")
+    values = {**PRESETS[preset], **explicit}
+    settings = Settings(**values, policies=policies)
     _validate(settings)
-    return settings
+    return settings, {name: origin.get(name, "default") for name in FIELDS}
 
 
 def _validate(settings: Settings) -> None:

@@ -49,7 +49,8 @@ async def detections_metric(proxy) -> dict[tuple[str, str], float]:
         if line.startswith("loopwarden_detections_total{"):
             labels, value = line[len("loopwarden_detections_total{"):].split("} ")
             parts = dict(item.split("=") for item in labels.split(","))
-            counts[(parts["type"].strip('"'), parts["action"].strip('"'))] = float(value)
+            if parts["mode"].strip('"') == "enforce":
+                counts[(parts["type"].strip('"'), parts["action"].strip('"'))] = float(value)
     return counts
 
 

@@ -26,7 +26,8 @@ from proxy.detect.text_steps import (
     task_text,
     trajectory,
 )
-from proxy.detect.tools import Call, ToolFinding, ToolTracker
+from proxy.detect.tools import ERROR_REPEATS, Call, ToolFinding, ToolTracker
+from proxy.policy import Policies
 from proxy.wire.chat import message_text
 
 TYPES = ("tool_call", "tool_cycle", "tool_error", "content", "llm")
@@ -44,6 +45,7 @@ class DetectConfig:
     whitelisted_tools: frozenset[str] = frozenset()
     max_warnings: int = 2
     judge_confirm: bool = False
+    policies: Policies = Policies()  # per-tool exemptions and thresholds
 
     @classmethod
     def from_settings(cls, settings) -> "DetectConfig":
@@ -55,7 +57,18 @@ class DetectConfig:
             whitelisted_tools=settings.whitelisted_tools,
             max_warnings=settings.max_warnings,
             judge_confirm=settings.judge_confirm_model is not None,
+            policies=settings.policies,
         )
+
+    def tool_rule(self, name: str, turn: int) -> tuple[bool, int, int]:
+        """For a tool: whether it is exempt, and its thresholds for repeats and for the same error."""
+        rule = self.policies.tool(name) if self.policies.tools else {}
+        if name in self.whitelisted_tools or rule.get("exempt"):
+            return True, 0, 0
+        threshold = rule.get("threshold")
+        if threshold is not None:
+            return False, threshold, threshold
+        return False, self.tool_threshold(turn), ERROR_REPEATS
 
     def _scaled(self, base: int, turn: int) -> int:
         # Short tasks stricter, long ones looser (3 / 5 / 7 for a base of 5).
@@ -140,6 +153,7 @@ class FoldCache:
     reset_at: int
     fingerprints: list[int]
     state: TaskState
+    config: DetectConfig | None = None  # a verdict under other settings (another model's policy) is not reused
 
 
 def _fingerprint(message: dict) -> int:
@@ -294,10 +308,11 @@ class Turn:
     def tool_call(self, call: Call) -> None:
         self.end_text()
         self.state.content.reset()  # a tool call starts the content tracking afresh
-        if call.name in self.config.whitelisted_tools:
+        exempt, threshold, error_repeats = self.config.tool_rule(call.name, self.turn)
+        if exempt:
             self.state.tools.skip()
             return
-        for found in self.state.tools.add(call, self.config.tool_threshold(self.turn)):
+        for found in self.state.tools.add(call, threshold, error_repeats):
             self.tool_found.setdefault(found.type, found)
 
     def finish(self, place: int, was_cut: bool = False) -> Finding | None:
@@ -382,14 +397,15 @@ def analyze(config: DetectConfig, messages: list[dict], reset_at: int = 0,
     settled = _final_step_start(messages)
     begin = 0
     state = None
-    if cache is not None and cache.reset_at == reset_at and len(cache.fingerprints) <= settled \
+    if cache is not None and cache.config == config and cache.reset_at == reset_at \
+            and len(cache.fingerprints) <= settled \
             and fingerprints[: len(cache.fingerprints)] == cache.fingerprints:
         begin = len(cache.fingerprints)
         state = cache.state
     if state is None:
         state = _new_task(config, messages, 0)
     state = _fold(config, state, messages, begin, settled, reset_at)
-    new_cache = FoldCache(reset_at, fingerprints[:settled], state)
+    new_cache = FoldCache(reset_at, fingerprints[:settled], state, config)
     if settled < len(messages):
         state = _fold(config, state.clone(), messages, settled, len(messages), reset_at)
     return state, new_cache

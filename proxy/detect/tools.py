@@ -61,7 +61,7 @@ class ToolTracker:
         self._runs = [0] * (MAX_CYCLE + 1)
         self._blind_run = 0
 
-    def add(self, call: Call, threshold: int) -> list[ToolFinding]:
+    def add(self, call: Call, threshold: int, error_repeats: int = ERROR_REPEATS) -> list[ToolFinding]:
         """Count a call; every rule it trips, in the order of SPEC's table."""
         recent = self._recent
         runs = self._runs
@@ -84,7 +84,7 @@ class ToolTracker:
         if call.error is not None:
             count = self._errors.get((call.key, call.error), 0) + 1
             self._errors[(call.key, call.error)] = count
-            if count >= ERROR_REPEATS:
+            if count >= error_repeats:
                 found.append(ToolFinding("tool_error", (call,), count))
         return found
 

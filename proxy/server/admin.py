@@ -71,10 +71,21 @@ def routes(guard: Guard, admin_token: str | None) -> list[web.RouteDef]:
         except ValueError:
             raise QueryError(f"{name} must be a whole number, got {value!r}") from None
 
+    def _flag(request: web.Request, name: str) -> bool | None:
+        value = request.query.get(name)
+        if value is None or value == "":
+            return None
+        if value.lower() in ("true", "1", "yes"):
+            return True
+        if value.lower() in ("false", "0", "no"):
+            return False
+        raise QueryError(f"{name} must be true or false, got {value!r}")
+
     async def detections(request: web.Request, tenant: str | None) -> web.Response:
         where = queries.DetectionFilter(tenant=tenant, session=request.query.get("session"),
                                         type=request.query.get("type"), action=request.query.get("action"),
-                                        since=queries.parse_since(request.query.get("since")))
+                                        since=queries.parse_since(request.query.get("since")),
+                                        enforced=_flag(request, "enforced"))
         items, cursor = await queries.list_detections(store.engine, where, _int(request, "limit", 50),
                                                       request.query.get("cursor"))
         return web.json_response({"data": items, "next_cursor": cursor})

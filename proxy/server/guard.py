@@ -134,7 +134,8 @@ class WatchedExchange(Exchange):
 
     def __init__(self, guard: "Guard", dialect, body: bytes, response_headers: dict[str, str], context: dict,
                  watcher: ResponseWatcher, max_completion: int, warned: Episode | None,
-                 on_answer: Callable[[dict, str | None], None] | None = None) -> None:
+                 on_answer: Callable[[dict, str | None], None] | None = None, *, cut_notice: bool = True,
+                 observe: bool = False) -> None:
         super().__init__(body, response_headers)
         self._guard = guard
         self._dialect = dialect
@@ -143,6 +144,8 @@ class WatchedExchange(Exchange):
         self._max_completion = max_completion
         self._warned = warned  # the latest warning this request carries: did the model move on from it?
         self._on_answer = on_answer  # the whole answer, for a conversation the service keeps
+        self._cut_notice = cut_notice
+        self._observe = observe  # find and log a chant, but let the stream run on
         self._parser = SSEParser()
         self._assembler = dialect.stream()
 
@@ -161,14 +164,24 @@ class WatchedExchange(Exchange):
             text, call_started = self._assembler.add(data, event.event)
             if text:
                 found = self._watcher.text(text)
-                if found is not None:
+                if found is not None and not self._observed_only(found):
                     return event.end, self._ending(found)  # the delta that completed the chant is the last
             if call_started:
                 found = self._watcher.tool_call_started()
-                if found is not None:
+                if found is not None and not self._observed_only(found):
                     # The text before this call chanted: end before the call, unless it began earlier.
                     return (start if start >= 0 else event.end), self._ending(found)
         return None
+
+    def _observed_only(self, episode: Episode) -> bool:
+        """In observe mode a chant is logged where it would have been cut, and the stream goes on."""
+        if not self._observe:
+            return False
+        if episode.number <= episode.limit + 1:  # after the would-be stop, nothing more
+            saved = max(0, self._max_completion - len(self._assembler.text) // 4)
+            self._guard.log_episode(self._context, episode, "stopped" if episode.is_stop else "cut",
+                                    self.request_id, saved)
+        return True
 
     def _ending(self, episode: Episode) -> bytes:
         """Count the episode and build the stream's last bytes: the notice and a clean stop, or the stop's error."""
@@ -176,7 +189,7 @@ class WatchedExchange(Exchange):
         if episode.is_stop:
             self._guard.log_episode(self._context, episode, "stopped", self.request_id, saved)
             return self._assembler.stop_ending(error_object(stop_text(episode), "loop_detected", "loop_detected"))
-        notice = cut_notice(episode) if self._guard.settings.cut_notice else None
+        notice = cut_notice(episode) if self._cut_notice else None
         # With the notice, later requests show the cut was served (and logged) here: the row is this response's.
         self._guard.log_episode(self._context, episode, "cut", self.request_id, saved,
                                 served_by=self._assembler.response_id if notice else None)
@@ -221,6 +234,7 @@ class Guard:
         self._folds: _LRU = _LRU(CACHED_SESSIONS)
         self._logged: _LRU = _LRU(REMEMBERED_EPISODES)
         self._message_counts: _LRU = _LRU(CACHED_SESSIONS)
+        self._per_model: _LRU = _LRU(256)
         self.judge = Judge(settings.judge_url or settings.upstream_url,
                            settings.judge_api_key or settings.upstream_api_key, settings.judge_timeout,
                            settings.judge_concurrency) if settings.llm_check and store is not None else None
@@ -276,15 +290,20 @@ class Guard:
         if request.headers.get("X-Loopwarden-Disable", "").strip() in ("1", "true", "yes") or (
                 controls is not None and controls.disabled):
             return Exchange(raw, headers)
-        plan_mode = request.headers.get("X-Loopwarden-Mode", "").strip().lower() == "plan"
+        modes = {mode.strip().lower() for mode in request.headers.get("X-Loopwarden-Mode", "").split(",")}
+        plan_mode = "plan" in modes
+        settings, config = self._settings_for(model)
+        observe = "observe" in modes or settings.mode == "observe"
 
-        state, cache = analyze(self.config, messages, controls.reset_at_message if controls else 0,
-                               self._folds.get(key))
+        state, cache = analyze(config, messages, controls.reset_at_message if controls else 0, self._folds.get(key))
         self._folds.put(key, cache)
         checks = self.store.judge_checks(tenant, session_id, state.key) if self.store is not None else []
-        decision = Decision(episodes(self.config, state, plan_mode=plan_mode, judge_checks=checks))
+        decision = Decision(episodes(config, state, plan_mode=plan_mode, judge_checks=checks))
         context = {"tenant": tenant, "session_id": session_id, "task": state.key, "model": model,
-                   "api": dialect.name}
+                   "api": dialect.name, "enforced": not observe}
+        if observe:
+            return self._observed(request, raw, payload, dialect, decision, state, cache, config, messages,
+                                  context, headers, plan_mode)
 
         stop = decision.stop
         if stop is not None:
@@ -300,7 +319,7 @@ class Guard:
         warnings = decision.warnings
         # A warning is re-created at its place in every request; where the service keeps the conversation
         # (a chained Responses request), the ones already sent are in it, and only new ones are added.
-        inserted = [(e.place, self.settings.warning_role, warning_text(e)) for e in warnings
+        inserted = [(e.place, settings.warning_role, warning_text(e)) for e in warnings
                     if e.place >= conversation.own_start]
         if inserted:
             body = orjson.dumps(dialect.with_messages(payload, conversation, [
@@ -308,10 +327,7 @@ class Guard:
         if warnings:
             latest = warnings[-1]
             headers["X-Loopwarden-Warning"] = f"{latest.number}/{latest.limit} {latest.type}"
-        watcher = ResponseWatcher(self.config, _detached(state, cache), decision, len(messages), plan_mode)
-        max_completion = payload.get("max_completion_tokens") or payload.get("max_tokens") or \
-            payload.get("max_output_tokens")
-        max_completion = max_completion if isinstance(max_completion, int) else DEFAULT_COMPLETION_TOKENS
+        watcher = ResponseWatcher(config, _detached(state, cache), decision, len(messages), plan_mode)
         on_answer = None
         if dialect.name == "responses" and payload.get("store") is not False and self.store is not None:
             # The service keeps this response: remember the conversation as sent, for requests that continue it.
@@ -320,14 +336,53 @@ class Guard:
             previous = chain.last_id if chain is not None else None
             on_answer = lambda answer, response_id: self.store.record_response(  # noqa: E731
                 tenant, response_id, previous, conversation_id, session_id, sent + [answer])
-        exchange = WatchedExchange(self, dialect, body, headers, context, watcher, max_completion,
-                                   warnings[-1] if warnings else None, on_answer)
+        exchange = WatchedExchange(self, dialect, body, headers, context, watcher, _max_completion(payload),
+                                   warnings[-1] if warnings else None, on_answer, cut_notice=settings.cut_notice)
         if warnings:
             exchange.on_delivered = lambda request_id: self._log_warnings(context, warnings, request_id)
-        if self.judge is not None and key not in self._judging and model and \
-                check_due(state.turns, self.settings.llm_check_after_turns, checks):
-            exchange.after_forward = lambda: self._start_judge(key, context, state, messages, client_key(request))
+        self._maybe_judge(exchange, request, settings, key, context, state, messages, checks)
         return exchange
+
+    def _observed(self, request, raw: bytes, payload: dict, dialect, decision: Decision, state: TaskState,
+                  cache: FoldCache, config: DetectConfig, messages: list[dict], context: dict, headers: dict,
+                  plan_mode: bool) -> Exchange:
+        """Observe mode: every episode found and logged as in enforce mode, the request and the response
+        passed on unchanged. The response says what enforcement would have done; after a task's would-be
+        stop, the task logs nothing more."""
+        stop = decision.stop
+        if stop is not None:
+            self.log_episode(context, stop, "stopped", None, len(raw) // 4)
+            headers["X-Loopwarden-Observed"] = f"stop {stop.type}"
+        elif decision.warnings:
+            latest = decision.warnings[-1]
+            headers["X-Loopwarden-Observed"] = f"{latest.number}/{latest.limit} {latest.type}"
+        watcher = ResponseWatcher(config, _detached(state, cache), decision, len(messages), plan_mode)
+        exchange = WatchedExchange(self, dialect, raw, headers, context, watcher, _max_completion(payload), None,
+                                   observe=True)
+        warnings = decision.warnings
+        if warnings and stop is None:
+            exchange.on_delivered = lambda request_id: self._log_warnings(context, warnings, request_id)
+        settings, _ = self._settings_for(context["model"])
+        self._maybe_judge(exchange, request, settings, (context["tenant"], context["session_id"]), context, state,
+                          messages, self.store.judge_checks(context["tenant"], context["session_id"], state.key)
+                          if self.store is not None else [])
+        return exchange
+
+    def _settings_for(self, model: str | None) -> tuple[Settings, DetectConfig]:
+        """The settings and detection config in force for a model (its policy over the settings)."""
+        found = self._per_model.get(model)
+        if found is None:
+            settings = self.settings.for_model(model)
+            config = self.config if settings is self.settings else DetectConfig.from_settings(settings)
+            found = (settings, config)
+            self._per_model.put(model, found)
+        return found
+
+    def _maybe_judge(self, exchange: Exchange, request: web.Request, settings: Settings, key: tuple[str, str],
+                     context: dict, state: TaskState, messages: list[dict], checks) -> None:
+        if self.judge is not None and settings.llm_check and key not in self._judging and context["model"] and \
+                check_due(state.turns, settings.llm_check_after_turns, checks):
+            exchange.after_forward = lambda: self._start_judge(key, context, state, messages, client_key(request))
 
     def _start_judge(self, key: tuple[str, str], context: dict, state: TaskState, messages: list[dict],
                      key_of_client: str) -> None:
@@ -383,10 +438,11 @@ class Guard:
         if key in self._logged:
             return
         self._logged.put(key, True)
-        log.info("loop %s in session %s: %s episode %d/%d", action, context["session_id"], episode.type,
-                 episode.number, episode.limit)
+        enforced = context.get("enforced", True)
+        log.info("loop %s%s in session %s: %s episode %d/%d", action, "" if enforced else " (observed)",
+                 context["session_id"], episode.type, episode.number, episode.limit)
         if self.metrics is not None:
-            self.metrics.detections.labels(episode.type, action).inc()
+            self.metrics.detections.labels(episode.type, action, "enforce" if enforced else "observe").inc()
         if self.store is None:
             return
         self.store.writer.add_detection({
@@ -394,9 +450,14 @@ class Guard:
             "task": context["task"], "model": context["model"], "type": episode.type, "action": action,
             "episode": episode.number, "episode_limit": episode.limit, "turn": episode.turn,
             "detail": {**episode.detail, "api": context["api"]}, "request_id": request_id,
-            "tokens_saved_estimate": tokens_saved,
+            "tokens_saved_estimate": tokens_saved, "enforced": enforced,
             "episode_key": key,
         })
+
+
+def _max_completion(payload: dict) -> int:
+    value = payload.get("max_completion_tokens") or payload.get("max_tokens") or payload.get("max_output_tokens")
+    return value if isinstance(value, int) else DEFAULT_COMPLETION_TOKENS
 
 
 def _with_neutral(messages: list[dict], inserted: list[tuple[int, str, str]]) -> list[dict]:

@@ -22,8 +22,8 @@ class Metrics:
         self.overhead = Histogram("loopwarden_proxy_overhead_seconds",
                                   "Time the proxy spends on a chat request before forwarding it (parse, verdict)",
                                   buckets=_FAST, registry=r)
-        self.detections = Counter("loopwarden_detections", "Loop episodes, by type and action",
-                                  ["type", "action"], registry=r)
+        self.detections = Counter("loopwarden_detections", "Loop episodes, by type, action and mode (enforce, observe)",
+                                  ["type", "action", "mode"], registry=r)
         self.open_streams = Gauge("loopwarden_open_streams", "Streams being relayed now", registry=r)
         self.log_dropped = Counter("loopwarden_log_writes_dropped", "Log records dropped because the buffer was full",
                                    registry=r)

@@ -36,6 +36,8 @@ class Detection(Base):
     tokens_saved_estimate: Mapped[int] = mapped_column(Integer(), default=0)
     # The model answered a request carrying this warning without completing another episode.
     recovered: Mapped[bool] = mapped_column(Boolean(), default=False)
+    # False for observe mode: what enforcement would have done, while the request passed unchanged.
+    enforced: Mapped[bool] = mapped_column(Boolean(), default=True)
     # One row per episode, however many replicas or requests see it.
     episode_key: Mapped[str] = mapped_column(String(64))
 

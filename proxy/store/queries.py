@@ -54,7 +54,7 @@ def detection_dict(row: Any) -> dict[str, Any]:
         "task": row.task, "model": row.model, "type": row.type, "action": row.action,
         "episode": row.episode, "episode_limit": row.episode_limit, "turn": row.turn, "detail": row.detail,
         "request_id": row.request_id, "tokens_saved_estimate": row.tokens_saved_estimate,
-        "recovered": row.recovered,
+        "recovered": row.recovered, "enforced": row.enforced,
     }
 
 
@@ -69,6 +69,7 @@ class DetectionFilter:
     type: str | None = None
     action: str | None = None
     since: datetime | None = None
+    enforced: bool | None = None  # None: both; False: observe mode's would-be episodes
 
     def conditions(self) -> list:
         check_choice("type", self.type, TYPES)
@@ -84,6 +85,8 @@ class DetectionFilter:
             conditions.append(Detection.action == self.action)
         if self.since is not None:
             conditions.append(Detection.created_at >= self.since)
+        if self.enforced is not None:
+            conditions.append(Detection.enforced.is_(self.enforced))
         return conditions
 
 
@@ -106,9 +109,18 @@ async def list_detections(engine: AsyncEngine, where: DetectionFilter, limit: in
 
 
 async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str | None = None) -> dict[str, Any]:
-    where = DetectionFilter(tenant=tenant, since=since).conditions()
+    """What enforcement did; and, apart, what observe mode saw it would have done."""
+    where = DetectionFilter(tenant=tenant, since=since, enforced=True).conditions()
     condition = and_(True, *where)
+    observed = and_(True, *DetectionFilter(tenant=tenant, since=since, enforced=False).conditions())
     async with engine.connect() as connection:
+        observed_by_action = dict((await connection.execute(
+            select(Detection.action, func.count()).where(observed).group_by(Detection.action))).all())
+        observed_by_type = dict((await connection.execute(
+            select(Detection.type, func.count()).where(observed).group_by(Detection.type))).all())
+        would_stop = (await connection.execute(select(func.count(distinct(
+            Detection.tenant + ":" + Detection.session_id + ":" + Detection.task))).where(
+            observed, Detection.action == "stopped"))).scalar()
         by_type = dict((await connection.execute(
             select(Detection.type, func.count()).where(condition).group_by(Detection.type))).all())
         by_action = dict((await connection.execute(
@@ -151,6 +163,12 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
         "tokens_saved_estimate": int(saved or 0),
         "judge_checks": judge[0],
         "judge_tokens": int(judge[1] or 0),
+        "observed": {
+            "detections": sum(observed_by_type.values()),
+            "by_type": {t: observed_by_type.get(t, 0) for t in TYPES},
+            "by_action": {a: observed_by_action.get(a, 0) for a in ACTIONS},
+            "would_have_stopped_tasks": would_stop or 0,
+        },
     }
 
 
