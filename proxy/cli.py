@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import Sequence
 
-from proxy.config import FIELDS, ConfigError, Settings, build, flag_name
+from proxy.config import FIELDS, ConfigError, Settings, flag_name, resolve
 
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1
@@ -68,6 +68,17 @@ def _parser() -> argparse.ArgumentParser:
     _settings_flags(session, server=False)
     session.add_argument("session_id")
     session.add_argument("--format", choices=("table", "json"), default="table")
+
+    config = commands.add_parser("config", help="the settings and policies in force, and where each came from")
+    _settings_flags(config, server=True)
+
+    replay = commands.add_parser("replay", help="what loopwarden would have done on recorded conversations")
+    _settings_flags(replay, server=True)
+    replay.add_argument("paths", nargs="+", metavar="PATH", help="JSONL or JSON files, or directories of them")
+    replay.add_argument("--format", choices=formats, default="table")
+    replay.add_argument("--fail-on", choices=("warn", "stop"), help="exit 1 when any conversation reaches this")
+    replay.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="try one setting's value (repeatable), e.g. --set tool_call_threshold=3")
     return parser
 
 
@@ -75,13 +86,19 @@ def _flag_values(args: argparse.Namespace) -> dict:
     values = {name: getattr(args, name) for name in FIELDS if getattr(args, name, None) is not None}
     if getattr(args, "config", None):
         values["config"] = args.config
+    for assignment in getattr(args, "set", None) or ():
+        name, sep, value = assignment.partition("=")
+        name = name.strip().lower().replace("-", "_")
+        if not sep or name not in FIELDS:
+            raise UsageError(f"loopwarden replay: --set expects NAME=VALUE with a setting's name, got {assignment!r}")
+        values[name] = value
     return values
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
-        settings = build(_flag_values(args))
+        settings, sources = resolve(_flag_values(args))
     except (UsageError, ConfigError) as exc:
         print(f"loopwarden: {exc}" if isinstance(exc, ConfigError) else str(exc), file=sys.stderr)
         return EXIT_USAGE
@@ -102,6 +119,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_migrations(settings.database_url)
             print("database is up to date")
             return 0
+        if args.command == "config":
+            print(commands.describe_config(settings, sources))
+            return 0
+        if args.command == "replay":
+            output, failed = commands.replay(args, settings)
+            print(output)
+            return EXIT_RUNTIME if failed else 0
         print(asyncio.run(commands.run(args, settings)))
         return 0
     except KeyboardInterrupt:

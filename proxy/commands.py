@@ -171,3 +171,57 @@ def _table(columns: list[str], rows: list[dict], empty: str) -> str:
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
     return "\n".join(lines)
 
+
+
+_SECRETS = ("upstream_api_key", "judge_api_key", "admin_token")
+
+
+def describe_config(settings, sources: dict[str, str]) -> str:
+    """Every setting in force and where its value came from; then the policies. Secrets are not shown."""
+    from proxy.config import FIELDS
+
+    rows = []
+    for name in FIELDS:
+        value = getattr(settings, name)
+        if name in _SECRETS and value:
+            value = "(set)"
+        elif isinstance(value, frozenset):
+            value = ",".join(sorted(value)) or ""
+        rows.append({"setting": name.upper(), "value": "" if value is None else str(value), "from": sources[name]})
+    out = _table(["setting", "value", "from"], rows, empty="")
+    policies = settings.policies.describe()
+    return out + "\n\npolicies\n" + ("\n".join(f"  {line}" for line in policies) if policies else "  (none)")
+
+
+def replay(args, settings) -> tuple[str, bool]:
+    """Replay the records under the settings in force; the output, and whether --fail-on was reached."""
+    from proxy.detect.engine import DetectConfig
+    from proxy.replay import read_records, replay as replay_one, summary
+
+    records, errors = read_records(args.paths)
+    results = [replay_one(DetectConfig.from_settings(settings.for_model(r.model)), r) for r in records]
+    overview = summary(results, errors)
+    failed = (args.fail_on == "warn" and overview["detections"] > 0) or \
+        (args.fail_on == "stop" and overview["would_stop"] > 0)
+    if args.format == "json":
+        return _json({"conversations": [{"source": r.source, "turns": r.turns, "episodes": r.episodes}
+                                        for r in results],
+                      "errors": errors, "summary": overview}), failed
+    if args.format == "csv":
+        rows = [{"source": r.source, **{k: e[k] for k in ("turn", "type", "action", "episode", "episode_limit")},
+                 "evidence": _summary({"detail": e["detail"]})} for r in results for e in r.episodes]
+        return _csv(["source", "turn", "type", "action", "episode", "episode_limit", "evidence"], rows), failed
+    lines = []
+    for result in results:
+        lines.append(f"{result.source}: {result.turns} turns, "
+                     f"{len(result.episodes) or 'no'} episode{'s' if len(result.episodes) != 1 else ''}")
+        for e in result.episodes:
+            lines.append(f"  turn {e['turn']:<4} {e['action']:<8} {e['type']:<10} {_episode(e):<5} "
+                         f"{_summary({'detail': e['detail']})}")
+    for error in errors:
+        lines.append(f"{error['source']}: skipped, {error['message']}")
+    lines.append(f"\n{overview['conversations']} conversations ({overview['unreadable']} unreadable records "
+                 f"skipped): {overview['with_episodes']} with episodes, {overview['detections']} detections "
+                 f"({', '.join(f'{k} {v}' for k, v in overview['by_type'].items()) or 'none'}); "
+                 f"{overview['would_stop']} would have been stopped, saving {overview['turns_saved']} turns")
+    return "\n".join(lines), failed

@@ -18,6 +18,7 @@ class Agent:
         self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0,
                                          default_headers=headers or {})
         self.stream = stream
+        self.model = "gpt-test"
         self.messages: list[dict[str, Any]] = [
             {"role": "system", "content": "You are a careful coding agent."},
             {"role": "user", "content": task},
@@ -31,7 +32,7 @@ class Agent:
 
     async def turn(self, **extra_headers: str) -> dict[str, Any]:
         """Ask the model once; the assistant message is appended to the history and returned."""
-        kwargs = dict(model="gpt-test", messages=self.messages, tools=TOOLS,
+        kwargs = dict(model=self.model, messages=self.messages, tools=TOOLS,
                       extra_headers=extra_headers or None)
         if self.stream:
             raw = await self.client.chat.completions.with_raw_response.create(

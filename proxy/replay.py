@@ -1,0 +1,152 @@
+"""`loopwarden replay`: what loopwarden would have done on recorded conversations.
+
+Each record is one conversation, replayed as the proxy would have seen it: one request per assistant turn
+(the messages before it), the assistant's turn as that request's answer, and the request after the last
+turn. The same engine folds each request; what is logged follows observe mode's rules (a warning when a
+request would first carry it, a stop once, a chant where a streamed answer would have been cut, nothing
+after a task's stop), so replay and a live proxy in observe mode find the same episodes.
+No I/O but reading the files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import orjson
+
+from proxy.detect.engine import Decision, DetectConfig, Episode, ResponseWatcher, analyze, episodes, model_text
+from proxy.wire.chat import RequestError
+from proxy.wire.responses import conversation_of
+
+
+@dataclass
+class Record:
+    source: str  # FILE:LINE
+    messages: list[dict]
+    streamed: bool  # the answers were streamed: a chant would have been cut as it came
+    model: str | None = None  # for the model's policy
+
+
+@dataclass
+class Replayed:
+    source: str
+    turns: int
+    episodes: list[dict] = field(default_factory=list)
+
+    @property
+    def stopped_at(self) -> int | None:
+        return next((e["turn"] for e in self.episodes if e["action"] == "stopped"), None)
+
+
+def _record(value: object, source: str) -> Record:
+    if isinstance(value, list):
+        if value and all(isinstance(m, dict) and "role" in m for m in value):
+            return Record(source, value, False)
+        raise RequestError("a list must hold the conversation's messages (objects with a role)")
+    if not isinstance(value, dict):
+        raise RequestError("expected a request body (`messages` or `input`) or a list of messages")
+    streamed = value.get("stream") is True
+    model = value.get("model") if isinstance(value.get("model"), str) else None
+    messages = value.get("messages")
+    if messages is not None:
+        if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
+            return Record(source, messages, streamed, model)
+        raise RequestError("'messages' must be an array of objects")
+    if "input" in value:
+        return Record(source, conversation_of(value).messages, streamed, model)
+    raise RequestError("neither `messages` (chat completions) nor `input` (Responses) in this record")
+
+
+def _files(paths: list[str]) -> Iterator[Path]:
+    for name in paths:
+        path = Path(name)
+        if path.is_dir():
+            yield from sorted(p for p in path.rglob("*") if p.suffix in (".json", ".jsonl") and p.is_file())
+        else:
+            yield path
+
+
+def read_records(paths: list[str]) -> tuple[list[Record], list[dict]]:
+    """Every readable record; every unreadable one as {"source", "message"}, the rest still read."""
+    records: list[Record] = []
+    errors: list[dict] = []
+    for path in _files(paths):
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            errors.append({"source": str(path), "message": exc.strerror or str(exc)})
+            continue
+        if path.suffix == ".jsonl":
+            lines = [(n, line) for n, line in enumerate(data.splitlines(), start=1) if line.strip()]
+        else:
+            lines = [(1, data)]
+        for number, line in lines:
+            source = f"{path}:{number}"
+            try:
+                records.append(_record(orjson.loads(line), source))
+            except orjson.JSONDecodeError as exc:
+                errors.append({"source": source, "message": f"not valid JSON: {exc}"})
+            except RequestError as exc:
+                errors.append({"source": source, "message": str(exc)})
+    return records, errors
+
+
+def _entry(episode: Episode, action: str) -> dict:
+    return {"turn": episode.turn, "type": episode.type, "action": action, "episode": episode.number,
+            "episode_limit": episode.limit, "detail": episode.detail}
+
+
+def replay(config: DetectConfig, record: Record) -> Replayed:
+    """The episodes a proxy in observe mode would have logged for this conversation, in order."""
+    messages = record.messages
+    turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    ends = turns + ([len(messages)] if not turns or turns[-1] != len(messages) - 1 else [])
+    result = Replayed(record.source, len(turns))
+    logged: set[tuple] = set()
+    cache = None
+
+    def log(task: str, episode: Episode, action: str) -> None:
+        key = (task, episode.message_index, episode.step)
+        if key in logged or episode.number > episode.limit + 1:  # nothing after the would-be stop
+            return
+        logged.add(key)
+        result.episodes.append(_entry(episode, action))
+
+    for end in ends:
+        request = messages[:end]
+        state, cache = analyze(config, request, 0, cache)
+        decision = Decision(episodes(config, state))
+        if decision.stop is not None:
+            log(state.key, decision.stop, "stopped")
+        else:
+            for warning in decision.warnings:
+                if not warning.was_cut:
+                    log(state.key, warning, "warned")
+        if record.streamed and end < len(messages):
+            watcher = ResponseWatcher(config, state.clone(), decision, len(request), False)
+            text = model_text(messages[end])[0]
+            found = watcher.text(text) if text else None
+            if found is None and messages[end].get("tool_calls"):
+                found = watcher.tool_call_started()  # a call ends the text before it, as it streams in
+            if found is not None:
+                log(state.key, found, "stopped" if found.is_stop else "cut")
+    return result
+
+
+def summary(replayed: list[Replayed], errors: list[dict]) -> dict:
+    by_type: dict[str, int] = {}
+    by_action: dict[str, int] = {}
+    for conversation in replayed:
+        for episode in conversation.episodes:
+            by_type[episode["type"]] = by_type.get(episode["type"], 0) + 1
+            by_action[episode["action"]] = by_action.get(episode["action"], 0) + 1
+    stopped = [c for c in replayed if c.stopped_at is not None]
+    return {
+        "conversations": len(replayed), "unreadable": len(errors),
+        "with_episodes": sum(1 for c in replayed if c.episodes), "detections": sum(by_type.values()),
+        "by_type": by_type, "by_action": by_action, "would_stop": len(stopped),
+        # The turns the recorded agents went on for after the point where loopwarden would have stopped them.
+        "turns_saved": sum(c.turns - c.stopped_at for c in stopped),
+    }
