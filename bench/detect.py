@@ -165,9 +165,26 @@ def histories(quick: bool) -> None:
     print(f"\nacting in text costs {ratio:.2f}x tool calls from scratch\n")
 
 
+def replay_throughput(quick: bool) -> None:
+    """`loopwarden replay`'s engine on many recorded conversations: 20 agent turns each, a third of them looping."""
+    from overhead import conversation
+
+    from proxy.replay import Record, replay
+
+    count = 500 if quick else 2000
+    records = [Record(f"bench:{i}", conversation(42, looping=i % 3 == 0, tag=str(i)), False) for i in range(count)]
+    config = DetectConfig()
+    started = time.perf_counter()
+    found = sum(len(replay(config, record).episodes) for record in records)
+    elapsed = time.perf_counter() - started
+    print("## Replay\n")
+    print(f"{count} conversations of 20 turns ({found} episodes found): {count / elapsed:.0f} conversations/s\n")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     quick = parser.parse_args().quick
     main(quick)
     histories(quick)
+    replay_throughput(quick)

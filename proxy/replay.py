@@ -16,7 +16,16 @@ from typing import Iterator
 
 import orjson
 
-from proxy.detect.engine import Decision, DetectConfig, Episode, ResponseWatcher, analyze, episodes, model_text
+from proxy.detect.engine import (
+    Decision,
+    DetectConfig,
+    Episode,
+    ResponseWatcher,
+    analyze,
+    episodes,
+    fingerprints_of,
+    model_text,
+)
 from proxy.wire.chat import RequestError
 from proxy.wire.responses import conversation_of
 
@@ -106,6 +115,7 @@ def replay(config: DetectConfig, record: Record) -> Replayed:
     result = Replayed(record.source, len(turns))
     logged: set[tuple] = set()
     cache = None
+    fingerprints = fingerprints_of(messages)  # once: every request is a prefix of the record
 
     def log(task: str, episode: Episode, action: str) -> None:
         key = (task, episode.message_index, episode.step)
@@ -116,7 +126,7 @@ def replay(config: DetectConfig, record: Record) -> Replayed:
 
     for end in ends:
         request = messages[:end]
-        state, cache = analyze(config, request, 0, cache)
+        state, cache = analyze(config, request, 0, cache, fingerprints[:end])
         decision = Decision(episodes(config, state))
         if decision.stop is not None:
             log(state.key, decision.stop, "stopped")

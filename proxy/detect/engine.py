@@ -389,10 +389,15 @@ def _final_step_start(messages: list[dict]) -> int:
     return len(messages)
 
 
+def fingerprints_of(messages: list[dict]) -> list[int]:
+    return [_fingerprint(m) for m in messages]
+
+
 def analyze(config: DetectConfig, messages: list[dict], reset_at: int = 0,
-            cache: FoldCache | None = None) -> tuple[TaskState, FoldCache]:
-    """The state of the current task after `messages`, and the cache for the next request."""
-    fingerprints = [_fingerprint(m) for m in messages]
+            cache: FoldCache | None = None, fingerprints: list[int] | None = None) -> tuple[TaskState, FoldCache]:
+    """The state of the current task after `messages`, and the cache for the next request. (A caller that
+    holds the messages' fingerprints already, as replay does for each prefix of a record, may pass them.)"""
+    fingerprints = fingerprints_of(messages) if fingerprints is None else fingerprints
     reset_at = min(reset_at, len(messages))  # a history shortened since the reset: all of it is forgiven
     settled = _final_step_start(messages)
     begin = 0
