@@ -251,12 +251,17 @@ def _tool_detail(found: ToolFinding) -> dict:
         detail["cycle"] = [c.name for c in found.calls]
         detail["cycle_arguments"] = [excerpt(c.arguments, 60) for c in found.calls]
     elif found.type == "tool_error":
-        detail["error"] = excerpt(first.error or "", 200)
+        detail["error"] = excerpt(_readable(first.error or ""), 200)
     else:
         detail["same_result"] = found.same_result
     if first.result_excerpt:
-        detail["result"] = excerpt(first.result_excerpt, 120)
+        detail["result"] = excerpt(_readable(first.result_excerpt), 120)
     return detail
+
+
+def _readable(masked: str) -> str:
+    """A masked text as people read it: each masked run (a time, an id, a path) shown as an ellipsis."""
+    return masked.replace("\x00", "…")
 
 
 def chant_detail(chant) -> dict:

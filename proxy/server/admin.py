@@ -1,14 +1,17 @@
-"""The /loopwarden/api routes: the log, sessions, and an operator's controls over them.
+"""The /loopwarden/ page and the /loopwarden/api routes: the log, sessions, and an operator's controls.
 
 Who may call: the ADMIN_TOKEN holder sees every tenant; a client's own API key
 sees only its own sessions; with no ADMIN_TOKEN set, only loopback clients are
-answered (without a key they see everything, with one only their own).
+answered (without a key they see everything, with one only their own). A bearer
+token that is neither the admin token nor a key that has sessions is refused
+(401): a mistyped token must not read as an empty log.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import secrets
+from pathlib import Path
 
 from aiohttp import web
 
@@ -18,6 +21,14 @@ from proxy.store import queries
 from proxy.store.queries import QueryError
 
 ALL_TENANTS = None
+STATIC = Path(__file__).parent / "static"
+# The page runs only its own script and style, talks only to its own origin, and is never framed.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache",
+}
+_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 
 
 class _Denied(Exception):
@@ -54,6 +65,8 @@ def routes(guard: Guard, admin_token: str | None) -> list[web.RouteDef]:
         async def wrapped(request: web.Request) -> web.StreamResponse:
             try:
                 tenant = caller_tenant(request, admin_token)
+                if tenant is not ALL_TENANTS and not await store.tenant_known(tenant):
+                    raise _Denied(401, "this token is neither the admin token nor a key that has sessions")
                 return await fn(request, tenant)
             except _Denied as denied:
                 return json_error(denied.status, denied.message, "authentication_error" if denied.status == 401
@@ -81,14 +94,22 @@ def routes(guard: Guard, admin_token: str | None) -> list[web.RouteDef]:
             return False
         raise QueryError(f"{name} must be true or false, got {value!r}")
 
+    def _filter(request: web.Request, tenant: str | None) -> queries.DetectionFilter:
+        return queries.DetectionFilter(tenant=tenant, session=request.query.get("session") or None,
+                                       type=request.query.get("type") or None,
+                                       action=request.query.get("action") or None,
+                                       since=queries.parse_since(request.query.get("since")),
+                                       enforced=_flag(request, "enforced"))
+
     async def detections(request: web.Request, tenant: str | None) -> web.Response:
-        where = queries.DetectionFilter(tenant=tenant, session=request.query.get("session"),
-                                        type=request.query.get("type"), action=request.query.get("action"),
-                                        since=queries.parse_since(request.query.get("since")),
-                                        enforced=_flag(request, "enforced"))
+        where = _filter(request, tenant)
         items, cursor = await queries.list_detections(store.engine, where, _int(request, "limit", 50),
                                                       request.query.get("cursor"))
         return web.json_response({"data": items, "next_cursor": cursor})
+
+    async def timeline(request: web.Request, tenant: str | None) -> web.Response:
+        return web.json_response(await queries.timeline(store.engine, _filter(request, tenant),
+                                                        _int(request, "buckets", 48)))
 
     async def stats(request: web.Request, tenant: str | None) -> web.Response:
         return web.json_response(await queries.stats(store.engine, queries.parse_since(request.query.get("since")),
@@ -116,7 +137,25 @@ def routes(guard: Guard, admin_token: str | None) -> list[web.RouteDef]:
             return web.json_response({"data": changed})
         return apply
 
+    files = {path.name: (path.read_bytes(), _TYPES[path.suffix]) for path in STATIC.iterdir()
+             if path.suffix in _TYPES}
+
+    async def page(request: web.Request) -> web.StreamResponse:
+        """The page itself holds no data: every figure on it comes from the API, under the API's rules."""
+        found = files.get(request.match_info.get("name") or "index.html")
+        if found is None:
+            return json_error(404, "no such file", "invalid_request_error", "not_found")
+        body, content_type = found
+        return web.Response(body=body, headers={**PAGE_HEADERS, "Content-Type": f"{content_type}; charset=utf-8"})
+
+    async def to_page(request: web.Request) -> web.StreamResponse:
+        raise web.HTTPFound("/loopwarden/")
+
     return [
+        web.get("/loopwarden", to_page),
+        web.get("/loopwarden/", page),
+        web.get("/loopwarden/static/{name}", page),
+        web.get("/loopwarden/api/timeline", handler(timeline)),
         web.get("/loopwarden/api/detections", handler(detections)),
         web.get("/loopwarden/api/stats", handler(stats)),
         web.get("/loopwarden/api/sessions", handler(sessions)),

@@ -285,7 +285,7 @@ class Guard:
         key = (tenant, session_id)
         self._message_counts.put(key, len(messages))
         if self.store is not None:
-            self.store.writer.session_seen(SessionSeen(tenant, session_id, len(messages), model))
+            self.store.session_seen(SessionSeen(tenant, session_id, len(messages), model))
         controls = self.store.controls(tenant, session_id) if self.store is not None else None
         if request.headers.get("X-Loopwarden-Disable", "").strip() in ("1", "true", "yes") or (
                 controls is not None and controls.disabled):

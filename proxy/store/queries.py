@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import and_, distinct, func, select
+from sqlalchemy import Integer, and_, cast, distinct, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.store.models import Detection, JudgeCheckRow, SessionRow
@@ -172,6 +172,32 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
     }
 
 
+async def timeline(engine: AsyncEngine, where: DetectionFilter, buckets: int = 48,
+                   now: datetime | None = None) -> dict[str, Any]:
+    """Detections over time, by type: `buckets` equal spans from the filter's `since` (or the first match)."""
+    if buckets < 1 or buckets > 500:
+        raise QueryError(f"buckets must be between 1 and 500, got {buckets}")
+    conditions = and_(True, *where.conditions())
+    now = now or datetime.now(timezone.utc).replace(tzinfo=None)
+    async with engine.connect() as connection:
+        start = where.since or (await connection.execute(select(func.min(Detection.created_at)).where(conditions))
+                                ).scalar() or now - timedelta(hours=1)
+        width = max(1, -(-int((now - start).total_seconds() + 1) // buckets))  # seconds per bucket, rounded up
+        offset = (start - datetime(1970, 1, 1)).total_seconds()
+        if engine.dialect.name == "postgresql":
+            bucket = func.floor((func.extract("epoch", Detection.created_at) - offset) / width)
+        else:
+            bucket = cast((cast(func.strftime("%s", Detection.created_at), Integer) - int(offset)) / width, Integer)
+        rows = (await connection.execute(
+            select(bucket.label("bucket"), Detection.type, func.count()).where(conditions)
+            .group_by(bucket, Detection.type))).all()
+    series = {kind: [0] * buckets for kind in TYPES}
+    for index, kind, count in rows:
+        index = min(max(int(index), 0), buckets - 1)
+        series[kind][index] += count
+    return {"start": iso(start), "bucket_seconds": width, "buckets": buckets, "series": series}
+
+
 def session_dict(row: Any, detections: int = 0) -> dict[str, Any]:
     return {
         "session_id": row.session_id, "tenant": row.tenant, "first_seen": iso(row.first_seen),
@@ -202,6 +228,23 @@ async def list_sessions(engine: AsyncEngine, since: datetime | None = None, tena
     return [session_dict(row, row.detections) for row in rows]
 
 
+def shown(row: Any) -> str:
+    """What loopwarden said for this episode: the warning the model was given, the stop's message, or the
+    cut's notice (rebuilt from the logged detail by the same functions that wrote them)."""
+    from proxy.detect.engine import Episode
+    from proxy.detect.texts import cut_notice, stop_text, warning_text
+
+    episode = Episode(row.episode, row.episode_limit, row.type, row.detail or {}, 0, 0, row.turn)
+    try:
+        if row.action == "stopped":
+            return stop_text(episode)
+        if row.action == "cut":
+            return cut_notice(episode).strip()
+        return warning_text(episode)
+    except (KeyError, TypeError):  # a detail logged by an older version
+        return ""
+
+
 async def session_timeline(engine: AsyncEngine, session_id: str, tenant: str | None = None) -> list[dict]:
     """Every tenant's session of that id (one, for a tenant), with detections and judge checks in order."""
     conditions = [SessionRow.session_id == session_id]
@@ -220,7 +263,7 @@ async def session_timeline(engine: AsyncEngine, session_id: str, tenant: str | N
                 .order_by(JudgeCheckRow.id))).all()
             entry = session_dict(session, len(detections))
             entry["timeline"] = sorted(
-                [{"at": iso(d.created_at), "kind": "detection", **detection_dict(d)}
+                [{"at": iso(d.created_at), "kind": "detection", **detection_dict(d), "message": shown(d)}
                  for d in detections]
                 + [{"at": iso(c.created_at), "kind": "judge_check", "task": c.task, "turn": c.turn,
                     "confidence": c.confidence, "confirm_confidence": c.confirm_confidence,

@@ -95,6 +95,7 @@ class Store:
         self.response_retention = timedelta(days=response_retention_days)
         self._responses: OrderedDict[tuple[str, str], StoredResponse] = OrderedDict()
         self._latest: OrderedDict[tuple[str, str], str] = OrderedDict()  # (tenant, conversation) -> response
+        self._tenants: set[str] = set()  # key hashes that have sessions (one entry per client key)
 
     async def start(self) -> None:
         try:
@@ -139,6 +140,21 @@ class Store:
 
     def _remember_check(self, tenant: str, session_id: str, check: JudgeCheck) -> None:
         self._checks.setdefault((tenant, session_id), {})[(check.task, check.turn)] = check
+
+    def session_seen(self, seen) -> None:
+        self._tenants.add(seen.tenant)
+        self.writer.session_seen(seen)
+
+    async def tenant_known(self, tenant: str) -> bool:
+        """Whether a key has sessions (on this replica, or in the log)."""
+        if tenant in self._tenants:
+            return True
+        async with self.engine.connect() as connection:
+            found = (await connection.execute(
+                select(SessionRow.session_id).where(SessionRow.tenant == tenant).limit(1))).first()
+        if found is not None:
+            self._tenants.add(tenant)
+        return found is not None
 
     # -- Responses conversations the service keeps --------------------------------------------------------
 
