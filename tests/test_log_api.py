@@ -89,9 +89,18 @@ async def test_detections_reach_the_api_with_filters_and_paging(upstream, proxy_
     assert (await api("GET", f"{base}/detections"))[0] == 401
     status, own = await api("GET", f"{base}/detections", "sk-agent-key-123")
     assert status == 200 and len(own["data"]) == 3
+    # A token that is neither the admin token nor a key with sessions is refused, not shown an empty log.
     status, other = await api("GET", f"{base}/detections", "sk-someone-else")
+    assert status == 401 and other["error"]["type"] == "authentication_error"
+    assert (await api("POST", f"{base}/sessions/run-1/disable", "sk-someone-else"))[0] == 401
+    # Another agent's key that has sessions of its own sees none of this one's.
+    stranger = Agent(running.url, api_key="sk-stranger", headers={"X-Loopwarden-Session": "theirs"})
+    upstream.script.append(Turn(content="hi"))
+    await stranger.turn()
+    await stranger.close()
+    status, other = await api("GET", f"{base}/detections", "sk-stranger")
     assert status == 200 and other["data"] == []
-    assert (await api("POST", f"{base}/sessions/run-1/disable", "sk-someone-else"))[0] == 404
+    assert (await api("POST", f"{base}/sessions/run-1/disable", "sk-stranger"))[0] == 404
 
 
 async def test_reset_and_disable_take_effect_on_the_next_request(upstream, proxy):

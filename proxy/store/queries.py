@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import Integer, and_, cast, distinct, func, select
+from sqlalchemy import Integer, and_, case, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.store.models import Detection, JudgeCheckRow, SessionRow
@@ -109,47 +109,49 @@ async def list_detections(engine: AsyncEngine, where: DetectionFilter, limit: in
 
 
 async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str | None = None) -> dict[str, Any]:
-    """What enforcement did; and, apart, what observe mode saw it would have done."""
-    where = DetectionFilter(tenant=tenant, since=since, enforced=True).conditions()
-    condition = and_(True, *where)
-    observed = and_(True, *DetectionFilter(tenant=tenant, since=since, enforced=False).conditions())
+    """What enforcement did; and, apart, what observe mode saw it would have done. A few passes over the
+    period's rows, each aggregated in the database."""
+    period = and_(True, *DetectionFilter(tenant=tenant, since=since).conditions())
+    enforced = and_(period, Detection.enforced.is_(True))
+    warned = Detection.action.in_(("warned", "cut"))
     async with engine.connect() as connection:
-        observed_by_action = dict((await connection.execute(
-            select(Detection.action, func.count()).where(observed).group_by(Detection.action))).all())
-        observed_by_type = dict((await connection.execute(
-            select(Detection.type, func.count()).where(observed).group_by(Detection.type))).all())
-        would_stop = (await connection.execute(select(func.count(distinct(
-            Detection.tenant + ":" + Detection.session_id + ":" + Detection.task))).where(
-            observed, Detection.action == "stopped"))).scalar()
-        by_type = dict((await connection.execute(
-            select(Detection.type, func.count()).where(condition).group_by(Detection.type))).all())
-        by_action = dict((await connection.execute(
-            select(Detection.action, func.count()).where(condition).group_by(Detection.action))).all())
-        sessions = (await connection.execute(
-            select(func.count(distinct(Detection.tenant + ":" + Detection.session_id))).where(condition))).scalar()
-        # A task is named by tenant, session and task key together.
+        counts = (await connection.execute(
+            select(Detection.enforced, Detection.type, Detection.action, func.count(),
+                   func.coalesce(func.sum(Detection.tokens_saved_estimate), 0))
+            .where(period).group_by(Detection.enforced, Detection.type, Detection.action))).all()
+        sessions = (await connection.execute(select(func.count()).select_from(
+            select(Detection.tenant, Detection.session_id).where(enforced).distinct().subquery()))).scalar()
         first_turns = (await connection.execute(
-            select(func.avg(Detection.turn)).where(condition, Detection.episode == 1))).scalar()
-        saved = (await connection.execute(
-            select(func.coalesce(func.sum(Detection.tokens_saved_estimate), 0)).where(condition))).scalar()
-        task_key = Detection.tenant + ":" + Detection.session_id + ":" + Detection.task
-        # Per warned task: its last warning (or cut), and whether the model moved on from it.
-        last_warnings = (await connection.execute(
-            select(task_key, func.max(Detection.episode)).where(condition, Detection.action.in_(("warned", "cut")))
-            .group_by(task_key))).all()
-        moved_on = {(task, episode) for task, episode in (await connection.execute(
-            select(task_key, Detection.episode).where(condition, Detection.recovered.is_(True)))).all()}
-        stopped_tasks = set((await connection.execute(
-            select(task_key).where(condition, Detection.action == "stopped").distinct())).scalars())
+            select(func.avg(Detection.turn)).where(enforced, Detection.episode == 1))).scalar()
+        # Per task (tenant, session, task key): its last warning (or cut), the last one the model moved on
+        # from, and whether it reached the stop.
+        tasks = select(
+            Detection.enforced.label("enforced"),
+            func.max(case((warned, Detection.episode))).label("last_warned"),
+            func.max(case((and_(warned, Detection.recovered.is_(True)), Detection.episode))).label("last_moved_on"),
+            func.max(case((Detection.action == "stopped", 1), else_=0)).label("stopped"),
+        ).where(period).group_by(Detection.tenant, Detection.session_id, Detection.task, Detection.enforced).subquery()
+        outcome = (await connection.execute(select(
+            tasks.c.enforced,
+            func.count(tasks.c.last_warned),
+            func.sum(case((and_(tasks.c.last_warned == tasks.c.last_moved_on, tasks.c.stopped == 0), 1), else_=0)),
+            func.sum(tasks.c.stopped)).group_by(tasks.c.enforced))).all()
         judge_condition = [JudgeCheckRow.created_at >= since] if since else []
         if tenant is not None:
             judge_condition.append(JudgeCheckRow.tenant == tenant)
         judge = (await connection.execute(
             select(func.count(), func.coalesce(func.sum(JudgeCheckRow.tokens), 0)).where(
                 and_(True, *judge_condition)))).one()
-    # A recovery: the model was given the task's last warning and moved on, and the task never reached the stop.
-    warned_tasks = {task for task, _ in last_warnings}
-    recovered = sum(1 for task, episode in last_warnings if (task, episode) in moved_on and task not in stopped_tasks)
+    tallies = {True: ({}, {}, 0), False: ({}, {}, 0)}
+    for is_enforced, kind, action, count, saved in counts:
+        by_type, by_action, total_saved = tallies[bool(is_enforced)]
+        by_type[kind] = by_type.get(kind, 0) + count
+        by_action[action] = by_action.get(action, 0) + count
+        tallies[bool(is_enforced)] = (by_type, by_action, total_saved + int(saved or 0))
+    per_mode = {bool(row[0]): (row[1] or 0, int(row[2] or 0), int(row[3] or 0)) for row in outcome}
+    warned_tasks, recovered, _ = per_mode.get(True, (0, 0, 0))
+    by_type, by_action, saved = tallies[True]
+    observed_type, observed_action, _ = tallies[False]
     return {
         "since": iso(since),
         "detections": sum(by_type.values()),
@@ -157,17 +159,18 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
         "by_action": {a: by_action.get(a, 0) for a in ACTIONS},
         "sessions_affected": sessions or 0,
         "average_turns_before_detection": round(float(first_turns), 1) if first_turns is not None else None,
-        "warned_tasks": len(warned_tasks),
+        "warned_tasks": warned_tasks,
+        # A recovery: the model was given the task's last warning and moved on, and the task never reached the stop.
         "recovered_tasks": recovered,
-        "recovery_rate": round(recovered / len(warned_tasks), 3) if warned_tasks else None,
-        "tokens_saved_estimate": int(saved or 0),
+        "recovery_rate": round(recovered / warned_tasks, 3) if warned_tasks else None,
+        "tokens_saved_estimate": saved,
         "judge_checks": judge[0],
         "judge_tokens": int(judge[1] or 0),
         "observed": {
-            "detections": sum(observed_by_type.values()),
-            "by_type": {t: observed_by_type.get(t, 0) for t in TYPES},
-            "by_action": {a: observed_by_action.get(a, 0) for a in ACTIONS},
-            "would_have_stopped_tasks": would_stop or 0,
+            "detections": sum(observed_type.values()),
+            "by_type": {t: observed_type.get(t, 0) for t in TYPES},
+            "by_action": {a: observed_action.get(a, 0) for a in ACTIONS},
+            "would_have_stopped_tasks": per_mode.get(False, (0, 0, 0))[2],
         },
     }
 

@@ -1,0 +1,118 @@
+"""The web page on a big log: 100,000 detections in SQLite, the overview loaded in headless Chromium.
+
+    .venv/bin/python bench/page.py [--rows N]
+
+Seeds the log through the batched writer (as the proxy writes it), starts `loopwarden serve` on it, and
+times, five times each: the overview's three API calls (stats, timeline, recent detections) from a
+client, and the page in Chromium from navigation to the recent detections drawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from overhead import free_port  # noqa: E402
+
+from proxy.store.database import create_engine, run_migrations  # noqa: E402
+from proxy.store.writer import LogWriter, SessionSeen, utcnow  # noqa: E402
+
+TYPES = ["tool_call", "tool_cycle", "tool_error", "content", "llm"]
+
+
+async def seed(url: str, rows: int) -> None:
+    await asyncio.to_thread(run_migrations, url)
+    engine = create_engine(url)
+    writer = LogWriter(engine, capacity=rows + 10)
+    rng = random.Random(3)
+    now = utcnow()
+    for n in range(rows):
+        session = f"session-{n % 2000}"
+        writer.add_detection({
+            "created_at": now - timedelta(seconds=rng.randint(0, 20 * 86400)), "session_id": session,
+            "tenant": "bench", "task": f"task-{n // 3}", "model": "gpt-test", "type": rng.choice(TYPES),
+            "action": ["warned", "warned", "stopped", "cut"][n % 4], "episode": n % 3 + 1, "episode_limit": 2,
+            "turn": rng.randint(5, 60), "detail": {"tool": "read_file", "arguments": '{"path":"src/a.py"}',
+                                                   "repeats": 5, "result": "def main(): ..."},
+            "request_id": None, "tokens_saved_estimate": 100, "episode_key": f"bench-{n}"})
+        if n < 2000:
+            writer.session_seen(SessionSeen("bench", session, 40, "gpt-test"))
+    await writer.flush()
+    await engine.dispose()
+
+
+async def ready(root: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(300):
+            try:
+                async with http.get(f"{root}/readyz") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{root} did not come up")
+
+
+async def main(rows: int) -> None:
+    tmp = tempfile.mkdtemp(prefix="lw-page-")
+    url = f"sqlite+aiosqlite:///{tmp}/page.db"
+    started = time.perf_counter()
+    await seed(url, rows)
+    print(f"# The page on a log of {rows:,} detections (seeded in {time.perf_counter() - started:.1f} s)\n")
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port), "--database-url", url,
+                                "--log-level", "warning", "--llm-check", "false"], cwd=ROOT)
+    root = f"http://127.0.0.1:{port}"
+    try:
+        await ready(root)
+        api = []
+        async with aiohttp.ClientSession() as http:
+            for _ in range(5):
+                began = time.perf_counter()
+                for path in ("stats?since=30d", "timeline?since=30d&buckets=48", "detections?since=30d&limit=50"):
+                    async with http.get(f"{root}/loopwarden/api/{path}") as response:
+                        await response.read()
+                        assert response.status == 200, path
+                api.append(time.perf_counter() - began)
+        from playwright.async_api import async_playwright
+
+        loads = []
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+            page = await browser.new_page()
+            for _ in range(5):
+                began = time.perf_counter()
+                await page.goto(f"{root}/loopwarden/")
+                await page.wait_for_selector("#recent tbody tr td.evidence")
+                await page.wait_for_selector("#chart rect")
+                loads.append(time.perf_counter() - began)
+            await browser.close()
+        print("| measure | median ms | worst ms |\n|---|---|---|")
+        print(f"| the overview's three API calls (stats, timeline, detections), 30 days | "
+              f"{statistics.median(api) * 1000:.0f} | {max(api) * 1000:.0f} |")
+        print(f"| the page in Chromium, navigation to table and chart drawn (last 24 hours) | "
+              f"{statistics.median(loads) * 1000:.0f} | {max(loads) * 1000:.0f} |")
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=100_000)
+    asyncio.run(main(parser.parse_args().rows))
