@@ -46,7 +46,11 @@ class Detection(Base):
         Index("ix_detections_created_at", "created_at"),
         Index("ix_detections_session", "tenant", "session_id", "created_at"),
         Index("ix_detections_type", "type", "created_at"),
-        Index("ix_detections_task", "tenant", "session_id", "task", "episode"),
+        # Covering the overview's aggregates (migration 0005).
+        Index("ix_detections_task_outcome", "tenant", "session_id", "task", "enforced", "created_at", "action",
+              "episode", "recovered"),
+        Index("ix_detections_period", "created_at", "enforced", "type", "action", "tokens_saved_estimate", "tenant",
+              "session_id", "turn", "episode"),
     )
 
 

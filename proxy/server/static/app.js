@@ -241,7 +241,16 @@ async function refresh() {
   }
 }
 
+function filtersFromAddress() {
+  // `#since=30d&type=content` opens the page with those filters (a link to a view).
+  const wanted = new URLSearchParams(location.hash.slice(1));
+  for (const [name, id] of [["since", "since"], ["type", "type"], ["action", "action"], ["session", "session-filter"]]) {
+    if (wanted.has(name)) $(id).value = wanted.get(name);
+  }
+}
+
 function start() {
+  filtersFromAddress();
   for (const button of document.querySelectorAll("#tabs button")) {
     button.addEventListener("click", () => { openSession = null; $("session-detail").hidden = true;
                                              switchView(button.dataset.view); });
