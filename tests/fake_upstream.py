@@ -172,6 +172,11 @@ class FakeUpstream:
                 headers=headers,
             )
         chunks = list(self._stream_chunks(completion_id, model, turn, calls, body, usage))
+        return await self._stream(request, chunks, turn, headers)
+
+    async def _stream(self, request: web.Request, chunks: list[bytes], turn: Turn, headers: dict
+                      ) -> web.StreamResponse:
+        """Send SSE chunks as the turn says: paced, in one burst, or dropped part way."""
         record = StreamRecord(planned=len(chunks))
         self.streams.append(record)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -269,29 +274,7 @@ class FakeUpstream:
         headers = {"x-request-id": f"req-{response_id}", **turn.headers}
         if not body.get("stream"):
             return web.json_response(response, headers=headers)
-        events = list(self._response_events(response, turn))
-        record = StreamRecord(planned=len(events))
-        self.streams.append(record)
-        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                             **headers})
-        await stream.prepare(request)
-        if turn.burst:
-            events = [b"".join(events)]
-        try:
-            for count, event in enumerate(events):
-                if turn.drop_after is not None and count >= turn.drop_after:
-                    request.transport.close()  # type: ignore[union-attr]
-                    return stream
-                if turn.delay:
-                    await asyncio.sleep(turn.delay)
-                await stream.write(event)
-                record.sent += 1
-                record.body += event
-            record.completed = True
-            await stream.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass
-        return stream
+        return await self._stream(request, list(self._response_events(response, turn)), turn, headers)
 
     @staticmethod
     def _response_events(response: dict, turn: Turn):

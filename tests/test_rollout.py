@@ -18,21 +18,10 @@ from tests.agent import Agent
 from tests.convo import conversation, step, user
 from tests.fake_upstream import Turn
 from tests.test_log_api import ROOT
+from tests.test_served_episodes import logged
 
 CONTENT = "def main():\n    return 1\n"
 SENTENCE = "I will now check the configuration file once more. "
-
-
-async def rows(proxy, session: str, count: int, timeout: float = 5.0) -> list[dict]:
-    deadline = asyncio.get_running_loop().time() + timeout
-    async with aiohttp.ClientSession() as http:
-        while True:
-            async with http.get(f"{proxy.root}/loopwarden/api/detections",
-                                params={"session": session, "limit": 100}) as response:
-                found = (await response.json())["data"][::-1]
-            if len(found) >= count or asyncio.get_running_loop().time() > deadline:
-                return found
-            await asyncio.sleep(0.05)
 
 
 async def calls(agent: Agent, upstream, count: int, name: str = "read_file", args=None, result=CONTENT) -> list:
@@ -62,9 +51,9 @@ async def test_observe_mode_logs_everything_and_changes_nothing(upstream, proxy_
     assert observed[:5] == [None] * 5
     assert observed[5:8] == ["1/2 tool_call", "2/2 tool_call", "stop tool_call"]
     assert set(observed[8:]) == {"stop tool_call"}
-    found = await rows(running, "observed", 3)
+    found = await logged(running, "observed", 3)
     await asyncio.sleep(0.3)
-    found = await rows(running, "observed", 3)
+    found = await logged(running, "observed", 3)
     assert [(r["episode"], r["action"], r["enforced"]) for r in found] == [
         (1, "warned", False), (2, "warned", False), (3, "stopped", False)]  # nothing after the stop
     async with aiohttp.ClientSession() as http:
@@ -85,9 +74,9 @@ async def test_observe_mode_lets_a_chanting_stream_run_and_logs_the_would_be_cut
     await agent.turn()
     assert agent.last_headers["x-loopwarden-observed"] == "1/2 content"
     assert "[loopwarden]" not in orjson.dumps(upstream.chat_requests[-1]).decode()
-    found = await rows(running, "chant", 1)
+    found = await logged(running, "chant", 1)
     await asyncio.sleep(0.3)
-    assert [(r["type"], r["action"], r["enforced"]) for r in await rows(running, "chant", 1)] == [
+    assert [(r["type"], r["action"], r["enforced"]) for r in await logged(running, "chant", 1)] == [
         ("content", "cut", False)]
     await agent.close()
 
@@ -231,10 +220,10 @@ async def test_replay_finds_what_a_live_proxy_in_observe_mode_logs(upstream, pro
         await agent.close()
         runs[name] = (agent.messages[:-1], runs[name][1])
         live[name] = [(r["turn"], r["type"], r["action"], r["episode"])
-                      for r in await rows(running, f"live-{name}", {"loop": 3, "chant": 1, "calm": 0}[name])]
+                      for r in await logged(running, f"live-{name}", {"loop": 3, "chant": 1, "calm": 0}[name])]
     await asyncio.sleep(0.3)
     for name in runs:
-        live[name] = [(r["turn"], r["type"], r["action"], r["episode"]) for r in await rows(running, f"live-{name}", 0)]
+        live[name] = [(r["turn"], r["type"], r["action"], r["episode"]) for r in await logged(running, f"live-{name}", 0)]
     assert live["loop"] == [(5, "tool_call", "warned", 1), (6, "tool_call", "warned", 2), (7, "tool_call", "stopped", 3)]
     assert [e[1:3] for e in live["chant"]] == [("content", "cut")] and live["calm"] == []
 
