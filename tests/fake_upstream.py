@@ -60,6 +60,16 @@ class Received:
         return orjson.loads(self.body)
 
 
+@web.middleware
+async def _validates(request: web.Request, handler):
+    """A body the service would refuse (a field of the wrong type) gets its 400, as the service answers."""
+    try:
+        return await handler(request)
+    except (TypeError, AttributeError, ValueError) as exc:
+        return web.json_response({"error": {"message": f"Invalid request: {exc}", "type": "invalid_request_error",
+                                            "param": None, "code": None}}, status=400)
+
+
 class FakeUpstream:
     def __init__(self) -> None:
         self.script: list[Turn] = []
@@ -70,7 +80,7 @@ class FakeUpstream:
         self._ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
         self.port = 0
-        app = web.Application(client_max_size=1024**3)
+        app = web.Application(client_max_size=1024**3, middlewares=[_validates])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/responses", self._responses)
         self.stored: dict[str, dict] = {}  # responses kept (store on), by id

@@ -198,8 +198,10 @@ def _tool_results(messages: list[dict], after: int) -> tuple[dict[str, tuple[str
 
 def make_call(raw: dict, results: dict[str, tuple[str, bool]]) -> Call:
     """A native tool call, with its result when the conversation has it."""
-    function = raw.get("function") or {}
-    name = str(function.get("name") or "")
+    function = raw.get("function")
+    function = function if isinstance(function, dict) else {}
+    name = function.get("name")
+    name = name if isinstance(name, str) else ""
     return _call(name, canonical_arguments(function.get("arguments") or ""), results.get(str(raw.get("id"))))
 
 

@@ -76,7 +76,7 @@ def session_of(request: web.Request, messages: list[dict], tenant: str, chain: C
         if value:
             return value[:256]
     if chain is not None and chain.conversation_id:
-        return chain.conversation_id[:256]
+        return _printable(chain.conversation_id)[:256]
     if chain is not None and chain.session_id:
         return chain.session_id
     system = next((message_text(m) for m in messages if m.get("role") in ("system", "developer")), "")
@@ -453,6 +453,11 @@ class Guard:
             "tokens_saved_estimate": tokens_saved, "enforced": enforced,
             "episode_key": key,
         })
+
+
+def _printable(text: str) -> str:
+    """An id from a request body as it may stand in a response header: printable ASCII only."""
+    return "".join(c if " " <= c <= "~" else "?" for c in text)
 
 
 def _max_completion(payload: dict) -> int:

@@ -56,6 +56,8 @@ def items_to_messages(items: list, first_index: int = 0) -> tuple[list[dict], li
         if not isinstance(item, dict):
             continue
         kind = item.get("type", "message" if "role" in item else None)
+        if not isinstance(kind, str):
+            continue  # not an item the service would take; forwarded, and its answer says so
         if kind == "message":
             role = item.get("role")
             message = {"role": role if isinstance(role, str) else "user", "content": message_text(item)}

@@ -1,0 +1,132 @@
+"""Generated bad input on the inspected paths: whatever a client sends, the proxy answers in the OpenAI
+shape or passes the upstream's answer on; never a 500 of its own, never a traceback in the log."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import aiohttp
+import orjson
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tests.conftest import start_proxy
+from tests.fake_upstream import FakeUpstream
+
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**12), st.floats(allow_nan=False),
+                    st.text(max_size=30), st.sampled_from(["", "\x00", "[loopwarden] Output cut: x", "Observation: x",
+                                                           "```bash\nls\n```", "Action: a\nAction Input: {'x': 1}",
+                                                           "[[ ## trajectory ## ]]\n[[ ## tool_name_0 ## ]]\nx"]))
+VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                       st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+                      max_leaves=12)
+
+
+def field(value_strategy):
+    """A field the proxy reads: usually of a sensible type, often not."""
+    return st.one_of(value_strategy, VALUES)
+
+
+CALLS = st.fixed_dictionaries({}, optional={
+    "id": field(st.text(max_size=6)), "type": field(st.just("function")),
+    "function": field(st.fixed_dictionaries({}, optional={"name": field(st.sampled_from(["ls", "read"])),
+                                                           "arguments": field(st.sampled_from(['{"a": 1}', "{", "[]"]))})),
+})
+MESSAGES = st.lists(st.fixed_dictionaries({}, optional={
+    "role": field(st.sampled_from(["system", "user", "assistant", "tool", "developer"])),
+    "content": field(st.one_of(st.text(max_size=40), st.lists(st.fixed_dictionaries(
+        {"type": st.just("text"), "text": field(st.text(max_size=20))}), max_size=2))),
+    "tool_calls": field(st.lists(CALLS, max_size=2)),
+    "tool_call_id": field(st.text(max_size=6)),
+    "is_error": field(st.booleans()),
+}), max_size=8)
+ITEMS = st.lists(st.fixed_dictionaries({}, optional={
+    "type": field(st.sampled_from(["message", "function_call", "function_call_output", "custom_tool_call",
+                                   "custom_tool_call_output", "local_shell_call", "local_shell_call_output",
+                                   "reasoning", "item_reference"])),
+    "role": field(st.sampled_from(["user", "assistant", "developer", "system"])),
+    "content": field(st.text(max_size=30)), "call_id": field(st.text(max_size=5)), "id": field(st.text(max_size=5)),
+    "name": field(st.text(max_size=5)), "arguments": field(st.text(max_size=10)), "input": field(st.text(max_size=10)),
+    "output": field(st.text(max_size=20)), "action": field(st.dictionaries(st.text(max_size=5), VALUES, max_size=2)),
+}), max_size=8)
+CHAT_BODIES = st.fixed_dictionaries({"messages": field(MESSAGES)}, optional={
+    "model": field(st.text(max_size=10)), "stream": field(st.booleans()), "max_tokens": field(st.integers(0, 99))})
+RESPONSES_BODIES = st.fixed_dictionaries({"input": field(st.one_of(st.text(max_size=30), ITEMS))}, optional={
+    "model": field(st.text(max_size=10)), "instructions": field(st.text(max_size=20)), "stream": field(st.booleans()),
+    "store": field(st.booleans()), "previous_response_id": field(st.text(max_size=8)),
+    "conversation": field(st.one_of(st.text(max_size=8), st.fixed_dictionaries({"id": field(st.text(max_size=8))})))})
+RAW = st.one_of(st.binary(max_size=200), st.sampled_from([b"", b"{", b"[]", b"null", b'{"messages": 5}',
+                                                          b'{"input": {}}', b"\xff\xfe", b'{"a": "\\ud800"}']))
+
+
+class Errors(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def check(status: int, body: bytes, sent_upstream: bool) -> None:
+    assert status < 500 or sent_upstream, (status, body[:300])
+    if status >= 400 and not sent_upstream:
+        error = orjson.loads(body)["error"]
+        assert isinstance(error["message"], str) and error["type"]
+
+
+CASES = st.one_of(CHAT_BODIES.map(lambda b: ("/chat/completions", orjson.dumps(b))),
+                  RESPONSES_BODIES.map(lambda b: ("/responses", orjson.dumps(b))),
+                  st.tuples(st.sampled_from(["/chat/completions", "/responses"]), RAW))
+
+
+def generated(count: int) -> list[tuple[str, bytes]]:
+    """`count` generated requests (drawn by hypothesis, sent afterwards: the server runs on this test's loop)."""
+    cases: list[tuple[str, bytes]] = []
+
+    @settings(max_examples=count, suppress_health_check=list(HealthCheck), deadline=None, database=None)
+    @given(CASES)
+    def collect(case):
+        cases.append(case)
+
+    collect()
+    return cases
+
+
+async def test_generated_bodies_never_break_the_proxy(tmp_path):
+    upstream = await FakeUpstream().start()
+    proxy = await start_proxy(upstream_url=upstream.url, database_url=f"sqlite+aiosqlite:///{tmp_path}/fuzz.db",
+                              llm_check=False)
+    errors = Errors()
+    logging.getLogger().addHandler(errors)
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path, data in generated(int(os.environ.get("LOOPWARDEN_FUZZ_CASES", "400"))):
+                before = len(upstream.requests)
+                async with http.post(f"{proxy.url}{path}", data=data,
+                                     headers={"Content-Type": "application/json"}) as answer:
+                    body = await answer.read()
+                check(answer.status, body, len(upstream.requests) > before)
+        assert errors.records == [], [r.getMessage() for r in errors.records[:3]]
+    finally:
+        logging.getLogger().removeHandler(errors)
+        await proxy.runner.cleanup()
+        await upstream.close()
+
+
+async def test_the_defects_generated_input_found(upstream, proxy):
+    """Each of these once answered 500 or broke the connection."""
+    async with aiohttp.ClientSession() as http:
+        # An input item whose `type` is not a string.
+        async with http.post(f"{proxy.url}/responses", json={"model": "m", "input": [{"type": ["message"]}]}) as a:
+            assert a.status == 200 and (await a.json())["object"] == "response"
+        # A conversation id with control characters names the session, and the response header stays valid.
+        async with http.post(f"{proxy.url}/responses", json={"model": "m", "input": "hi",
+                                                              "conversation": "conv\x00\r\n1"}) as a:
+            assert a.status == 200 and a.headers["X-Loopwarden-Session"] == "conv???1"
+        # A tool call whose `function` is not an object.
+        messages = [{"role": "user", "content": "go"},
+                    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "function": 1.5}]},
+                    {"role": "tool", "tool_call_id": "c1", "content": "x"}]
+        async with http.post(f"{proxy.url}/chat/completions", json={"model": "m", "messages": messages}) as a:
+            assert a.status == 200
