@@ -281,3 +281,23 @@ async def test_a_codex_run_is_warned_and_stopped_at_the_same_calls_as_a_chat_age
     await chat.close()
     assert outcomes == chat_outcomes, (outcomes, chat_outcomes)
     assert outcomes[-3:] == ["1/2 tool_call", "2/2 tool_call", "stop"]
+
+
+async def test_the_judge_watches_responses_sessions_too(upstream, proxy):
+    from tests.test_judge import judged, verdict
+
+    items: list[dict] = [{"role": "user", "content": "Migrate the payment service."}]
+    for i in range(31):
+        items += [{"type": "function_call", "call_id": f"c{i}", "name": "edit_file",
+                   "arguments": orjson.dumps({"path": f"src/f{i}.py"}).decode()},
+                  {"type": "function_call_output", "call_id": f"c{i}", "output": f"edited f{i}"}]
+    upstream.judge = lambda body: verdict(0.95, "it edits and reverts the same files")
+    client = openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-agent", max_retries=0)
+    session = {"X-Loopwarden-Session": "judged-responses"}
+    await client.responses.create(model="agent-model", input=items[:61], extra_headers=session)  # 30 turns
+    assert await judged(upstream, 1)
+    assert "Migrate the payment service." in upstream.judge_requests[0]["messages"][1]["content"]
+    await client.responses.create(model="agent-model", input=items, extra_headers=session)
+    ((_, role, text),) = warnings_in(upstream.responses_requests[-1])
+    assert text.startswith("[loopwarden] Loop detected (1/2)") and "edits and reverts" in text
+    await client.close()
