@@ -130,3 +130,67 @@ async def test_the_defects_generated_input_found(upstream, proxy):
                     {"role": "tool", "tool_call_id": "c1", "content": "x"}]
         async with http.post(f"{proxy.url}/chat/completions", json={"model": "m", "messages": messages}) as a:
             assert a.status == 200
+
+
+SSE_PIECES = st.lists(st.one_of(
+    st.sampled_from([b"data: [DONE]\n\n", b": keep-alive\n\n", b"data: {\n\n", b"data: null\n\n", b"\r\n\r\n",
+                     b'data: {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\\"pa"}}]}}]}\n\n',
+                     b'data: {"choices": [{"delta": {"content": 5}}]}\n\n', b'data: {"choices": "x"}\n\n',
+                     b'event: response.output_text.delta\ndata: {"type": "response.output_text.delta", "delta": ["x"]}\n\n',
+                     b'event: response.output_item.added\ndata: {"type": "response.output_item.added", "item": 7}\n\n',
+                     b'event: response.completed\ndata: {"type": "response.completed", "response": {"output": [1]}}\n\n',
+                     b'data: {"type": "response.output_item.done", "output_index": [], "item": {"id": 1}}\n\n']),
+    st.binary(max_size=40),
+    st.text(max_size=40).map(lambda t: b"data: " + orjson.dumps({"choices": [{"delta": {"content": t}}]}) + b"\n\n"),
+), max_size=12)
+
+
+def upstream_streams(count: int) -> list[bytes]:
+    found: list[bytes] = []
+
+    @settings(max_examples=count, suppress_health_check=list(HealthCheck), deadline=None, database=None)
+    @given(SSE_PIECES)
+    def collect(pieces):
+        found.append(b"".join(pieces))
+
+    collect()
+    return found
+
+
+async def test_generated_upstream_streams_pass_through_unchanged(upstream, proxy):
+    """Garbage, split events, no `[DONE]`, argument fragments that never form JSON: the client gets the
+    upstream's bytes as they were, and the proxy stays well."""
+    from tests.fake_upstream import Turn
+
+    errors = Errors()
+    logging.getLogger().addHandler(errors)
+    try:
+        async with aiohttp.ClientSession() as http:
+            for n, stream in enumerate(upstream_streams(int(os.environ.get("LOOPWARDEN_FUZZ_CASES", "400")) // 4)):
+                upstream.script.append(Turn(raw_body=stream, headers={"Content-Type": "text/event-stream"}))
+                path = "/chat/completions" if n % 2 else "/responses"
+                body = {"model": "m", "stream": True, **({"messages": [{"role": "user", "content": "go"}]}
+                                                       if n % 2 else {"input": "go"})}
+                async with http.post(f"{proxy.url}{path}", json=body) as answer:
+                    assert answer.status == 200
+                    assert await answer.read() == stream
+        assert errors.records == [], [r.getMessage() for r in errors.records[:3]]
+    finally:
+        logging.getLogger().removeHandler(errors)
+
+
+async def test_stream_events_of_a_shape_their_api_does_not_have_are_passed_on(upstream, proxy):
+    """These once broke the stream tap (the stream ended in a 500's place)."""
+    from tests.fake_upstream import Turn
+
+    cases = [("/chat/completions", b'data: {"choices": "x"}\n\ndata: [DONE]\n\n'),
+             ("/chat/completions", b'data: {"choices": [{"delta": {"tool_calls": [3]}}]}\n\n'),
+             ("/responses", b'event: response.output_text.delta\ndata: {"type": "response.output_text.delta", '
+                            b'"delta": ["x"], "item_id": []}\n\n'),
+             ("/responses", b'data: {"type": "response.output_item.done", "output_index": [], "item": {}}\n\n')]
+    async with aiohttp.ClientSession() as http:
+        for path, stream in cases:
+            upstream.script.append(Turn(raw_body=stream, headers={"Content-Type": "text/event-stream"}))
+            body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go"}], "input": "go"}
+            async with http.post(f"{proxy.url}{path}", json=body) as answer:
+                assert answer.status == 200 and await answer.read() == stream

@@ -161,7 +161,10 @@ class WatchedExchange(Exchange):
                 continue
             if not isinstance(data, dict):
                 continue
-            text, call_started = self._assembler.add(data, event.event)
+            try:
+                text, call_started = self._assembler.add(data, event.event)
+            except (TypeError, AttributeError, KeyError, ValueError):
+                continue  # an event of a shape its API does not have: passed on as it came, not read
             if text:
                 found = self._watcher.text(text)
                 if found is not None and not self._observed_only(found):
