@@ -17,7 +17,7 @@ import openai
 import orjson
 
 from proxy.detect.judge_policy import LOOP_CONFIDENCE, JudgeCheck
-from proxy.wire.chat import message_text
+from proxy.wire.chat import message_text, tool_calls
 
 log = logging.getLogger("loopwarden.judge")
 
@@ -79,8 +79,8 @@ def render(request: str, window: list[dict]) -> str:
             continue
         if text:
             lines.append(f"[{role}] {text}")
-        for call in message.get("tool_calls") or ():
-            function = call.get("function") or {}
+        for call in tool_calls(message):
+            function = call.get("function") if isinstance(call.get("function"), dict) else {}
             lines.append(f"[{role} calls] {function.get('name')}({str(function.get('arguments'))[:300]})")
     return "\n".join(lines)
 

@@ -26,7 +26,7 @@ from proxy.detect.engine import (
     fingerprints_of,
     model_text,
 )
-from proxy.wire.chat import RequestError
+from proxy.wire.chat import RequestError, tool_calls
 from proxy.wire.responses import conversation_of
 
 
@@ -138,7 +138,7 @@ def replay(config: DetectConfig, record: Record) -> Replayed:
             watcher = ResponseWatcher(config, state.clone(), decision, len(request), False)
             text = model_text(messages[end])[0]
             found = watcher.text(text) if text else None
-            if found is None and messages[end].get("tool_calls"):
+            if found is None and tool_calls(messages[end]):
                 found = watcher.tool_call_started()  # a call ends the text before it, as it streams in
             if found is not None:
                 log(state.key, found, "stopped" if found.is_stop else "cut")

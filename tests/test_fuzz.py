@@ -124,10 +124,13 @@ async def test_the_defects_generated_input_found(upstream, proxy):
         async with http.post(f"{proxy.url}/responses", json={"model": "m", "input": "hi",
                                                               "conversation": "conv\x00\r\n1"}) as a:
             assert a.status == 200 and a.headers["X-Loopwarden-Session"] == "conv???1"
-        # A tool call whose `function` is not an object.
+        # A tool call whose `function` is not an object, and `tool_calls` that is not a list.
         messages = [{"role": "user", "content": "go"},
                     {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "function": 1.5}]},
                     {"role": "tool", "tool_call_id": "c1", "content": "x"}]
+        async with http.post(f"{proxy.url}/chat/completions", json={"model": "m", "messages": messages}) as a:
+            assert a.status == 200
+        messages[1]["tool_calls"] = True
         async with http.post(f"{proxy.url}/chat/completions", json={"model": "m", "messages": messages}) as a:
             assert a.status == 200
 

@@ -28,7 +28,7 @@ from proxy.detect.text_steps import (
 )
 from proxy.detect.tools import ERROR_REPEATS, Call, ToolFinding, ToolTracker
 from proxy.policy import Policies
-from proxy.wire.chat import message_text
+from proxy.wire.chat import message_text, tool_calls
 
 TYPES = ("tool_call", "tool_cycle", "tool_error", "content", "llm")
 INJECTED_PREFIX = "[loopwarden] "
@@ -142,8 +142,8 @@ class TaskState:
         if self.anchored:
             return
         self.anchored = True
-        for raw in first_turn.get("tool_calls") or ():
-            if isinstance(raw, dict) and raw.get("id"):
+        for raw in tool_calls(first_turn):
+            if raw.get("id"):
                 self.key = digest(f"{self.key}\x00{raw['id']}").hex()[:16]
                 return
 
@@ -359,7 +359,7 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[dict], begin: i
         elif role == "assistant":
             state.anchor(message)
             text, was_cut = model_text(message)
-            raw_calls = [raw for raw in message.get("tool_calls") or () if isinstance(raw, dict)]
+            raw_calls = tool_calls(message)
             if raw_calls:
                 results, after = _tool_results(messages, j + 1)
                 calls = [make_call(raw, results) for raw in raw_calls]
@@ -387,9 +387,9 @@ def _final_step_start(messages: list[dict]) -> int:
         role = messages[j].get("role")
         if role == "tool":
             continue
-        if role == "assistant" and messages[j].get("tool_calls"):
+        if role == "assistant" and tool_calls(messages[j]):
             results, _ = _tool_results(messages, j + 1)
-            ids = {str(c.get("id")) for c in messages[j]["tool_calls"] if isinstance(c, dict)}
+            ids = {str(c.get("id")) for c in tool_calls(messages[j])}
             if not ids <= results.keys():
                 return j
         break
@@ -496,8 +496,7 @@ class ResponseWatcher:
         still unknown."""
         if self.episode is not None:
             return None
-        raw_calls = [raw for raw in message.get("tool_calls") or () if isinstance(raw, dict)]
-        calls = [make_call(raw, {}) for raw in raw_calls] or \
+        calls = [make_call(raw, {}) for raw in tool_calls(message)] or \
             [text_call(action, None) for action in read_actions(model_text(message)[0]) or ()]
         if not calls and self._turn.end_text():
             return self._content_episode()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from proxy.wire.chat import tool_calls
+
 LOOP_CONFIDENCE = 0.9
 FIRST_INTERVAL = 10
 MIN_INTERVAL, MAX_INTERVAL = 5, 15
@@ -65,9 +67,9 @@ def judge_window(messages: list[dict], task_start: int) -> tuple[str, list[dict]
     for message in window:
         if message.get("role") == "tool" and message.get("tool_call_id") not in called:
             continue  # its call fell outside the window
-        calls = message.get("tool_calls") or []
+        calls = tool_calls(message)
         if calls:
-            kept = [c for c in calls if isinstance(c, dict) and c.get("id") in answered]
+            kept = [c for c in calls if c.get("id") in answered]
             called.update(c.get("id") for c in kept)
             message = {**message, "tool_calls": kept} if kept else {k: v for k, v in message.items()
                                                                      if k != "tool_calls"}

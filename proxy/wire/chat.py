@@ -50,6 +50,12 @@ def message_text(message: dict) -> str:
     return ""
 
 
+def tool_calls(message: dict) -> list[dict]:
+    """A message's native tool calls (whatever else a client put in the field is not one)."""
+    calls = message.get("tool_calls")
+    return [call for call in calls if isinstance(call, dict)] if isinstance(calls, list) else []
+
+
 def sse(data: dict, event: str | None = None) -> bytes:
     """One server-sent event."""
     head = f"event: {event}\n".encode() if event else b""
