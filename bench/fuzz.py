@@ -1,0 +1,90 @@
+"""Generated bad input at volume: request bodies and upstream streams, counted.
+
+    .venv/bin/python bench/fuzz.py [--requests 10000] [--streams 2500]
+
+The strategies are the ones `make test` draws a bounded subset of (tests/test_fuzz.py). Counts: answers of
+the proxy's own making outside the OpenAI error shape, 5xx for a client's mistake, error log records
+(tracebacks), requests that did not finish within 10 seconds, and upstream streams not passed on byte for
+byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import start_proxy  # noqa: E402
+from tests.fake_upstream import FakeUpstream, Turn  # noqa: E402
+from tests.test_fuzz import Errors, generated, upstream_streams  # noqa: E402
+
+
+async def main(requests: int, streams: int) -> None:
+    upstream = await FakeUpstream().start()
+    proxy = await start_proxy(upstream_url=upstream.url, llm_check=False,
+                              database_url=f"sqlite+aiosqlite:///{tempfile.mkdtemp()}/fuzz.db")
+    errors = Errors()
+    logging.getLogger().addHandler(errors)
+    counts = {"requests": 0, "not_openai_shape": 0, "server_error_for_client_mistake": 0, "hangs": 0,
+              "streams": 0, "streams_changed": 0}
+    began = time.perf_counter()
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        for path, data in generated(requests):
+            counts["requests"] += 1
+            before = len(upstream.requests)
+            try:
+                async with http.post(f"{proxy.url}{path}", data=data,
+                                     headers={"Content-Type": "application/json"}) as answer:
+                    body = await answer.read()
+            except asyncio.TimeoutError:
+                counts["hangs"] += 1
+                continue
+            ours = len(upstream.requests) == before
+            if ours and answer.status >= 500:
+                counts["server_error_for_client_mistake"] += 1
+            if ours and answer.status >= 400:
+                try:
+                    error = orjson.loads(body)["error"]
+                    assert isinstance(error["message"], str) and error["type"]
+                except (ValueError, KeyError, TypeError, AssertionError):
+                    counts["not_openai_shape"] += 1
+        for n, stream in enumerate(upstream_streams(streams)):
+            counts["streams"] += 1
+            upstream.script.append(Turn(raw_body=stream, headers={"Content-Type": "text/event-stream"}))
+            path = "/chat/completions" if n % 2 else "/responses"
+            body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go"}], "input": "go"}
+            try:
+                async with http.post(f"{proxy.url}{path}", json=body) as answer:
+                    if answer.status != 200 or await answer.read() != stream:
+                        counts["streams_changed"] += 1
+            except asyncio.TimeoutError:
+                counts["hangs"] += 1
+    logging.getLogger().removeHandler(errors)
+    elapsed = time.perf_counter() - began
+    await proxy.runner.cleanup()
+    await upstream.close()
+    print(f"# Generated bad input: {counts['requests']:,} requests and {counts['streams']:,} upstream streams "
+          f"in {elapsed:.0f} s\n")
+    print("| figure | count |\n|---|---|")
+    for name in ("not_openai_shape", "server_error_for_client_mistake", "hangs", "streams_changed"):
+        print(f"| {name.replace('_', ' ')} | {counts[name]} |")
+    print(f"| error log records (tracebacks) | {len(errors.records)} |")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--streams", type=int, default=2_500)
+    args = parser.parse_args()
+    asyncio.run(main(args.requests, args.streams))
