@@ -51,8 +51,8 @@ async def test_observe_mode_logs_everything_and_changes_nothing(upstream, proxy_
     assert observed[:5] == [None] * 5
     assert observed[5:8] == ["1/2 tool_call", "2/2 tool_call", "stop tool_call"]
     assert set(observed[8:]) == {"stop tool_call"}
-    found = await logged(running, "observed", 3)
-    await asyncio.sleep(0.3)
+    await logged(running, "observed", 3)
+    await asyncio.sleep(0.3)  # and nothing more comes
     found = await logged(running, "observed", 3)
     assert [(r["episode"], r["action"], r["enforced"]) for r in found] == [
         (1, "warned", False), (2, "warned", False), (3, "stopped", False)]  # nothing after the stop
@@ -74,8 +74,8 @@ async def test_observe_mode_lets_a_chanting_stream_run_and_logs_the_would_be_cut
     await agent.turn()
     assert agent.last_headers["x-loopwarden-observed"] == "1/2 content"
     assert "[loopwarden]" not in orjson.dumps(upstream.chat_requests[-1]).decode()
-    found = await logged(running, "chant", 1)
-    await asyncio.sleep(0.3)
+    await logged(running, "chant", 1)
+    await asyncio.sleep(0.3)  # and nothing more comes
     assert [(r["type"], r["action"], r["enforced"]) for r in await logged(running, "chant", 1)] == [
         ("content", "cut", False)]
     await agent.close()

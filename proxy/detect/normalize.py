@@ -47,7 +47,8 @@ _LEADING_ERROR = re.compile(
     r"|invalid\x20(?:tool\x20)?(?:param|arg)",
     re.IGNORECASE,
 )
-_EXIT_CODE = re.compile(r"(?:exit(?:ed)?(?:\x20with)?[\x20_](?:code|status)|return[\x20_]?code|<returncode>)\W{0,3}-?[1-9]")
+_EXIT_CODE = re.compile(
+    r"(?:exit(?:ed)?(?:\x20with)?[\x20_](?:code|status)|return[\x20_]?code|<returncode>)\W{0,3}-?[1-9]")
 _SHELL_ERROR = re.compile(
     r"^(?:(?:/(?:usr/)?bin/)?(?:ba|z|da)?sh:\x20"  # the shell's own errors
     r"|[\w./-]+:\x20(?:[^\n]*:\x20)?(?:No\x20such\x20file\x20or\x20directory|Permission\x20denied"

@@ -73,7 +73,8 @@ def items_to_messages(items: list, first_index: int = 0) -> tuple[list[dict], li
                 ends.append(index + 1)
                 turn_open = True
         elif kind in OUTPUT_TYPES:
-            messages.append({"role": "tool", "tool_call_id": _call_id(item), "content": _output_text(item.get("output")),
+            messages.append({"role": "tool", "tool_call_id": _call_id(item),
+                             "content": _output_text(item.get("output")),
                              **({"status": "error"} if item.get("status") == "incomplete" else {})})
             ends.append(index + 1)
             turn_open = False
