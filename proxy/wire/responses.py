@@ -73,9 +73,7 @@ def items_to_messages(items: list, first_index: int = 0) -> tuple[list[dict], li
                 ends.append(index + 1)
                 turn_open = True
         elif kind in OUTPUT_TYPES:
-            messages.append({"role": "tool", "tool_call_id": _call_id(item),
-                             "content": _output_text(item.get("output")),
-                             **({"status": "error"} if item.get("status") == "incomplete" else {})})
+            messages.append({"role": "tool", "tool_call_id": _call_id(item), "content": _output_text(item.get("output"))})
             ends.append(index + 1)
             turn_open = False
         # reasoning, item_reference and the rest: not part of the conversation the rules read
