@@ -114,12 +114,12 @@ class Timer:
 
 async def writer_throughput(url: str, records: int) -> float:
     """Records per second through the batched writer into a freshly migrated database."""
-    from proxy.store.database import create_engine, run_migrations
+    from proxy.store.database import run_migrations
     from proxy.store.writer import LogWriter, utcnow
 
     await asyncio.to_thread(run_migrations, url)
-    engine = create_engine(url)
-    writer = LogWriter(engine, capacity=records)
+    writer = LogWriter(url, capacity=records)
+    writer.start()
     run = time.time_ns()
     for n in range(records):
         writer.add_detection({
@@ -130,7 +130,7 @@ async def writer_throughput(url: str, records: int) -> float:
     started = time.perf_counter()
     await writer.flush()
     elapsed = time.perf_counter() - started
-    await engine.dispose()
+    await writer.close()
     return records / elapsed
 
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from overhead import free_port  # noqa: E402
 
-from proxy.store.database import create_engine, run_migrations  # noqa: E402
+from proxy.store.database import run_migrations  # noqa: E402
 from proxy.store.writer import LogWriter, SessionSeen, utcnow  # noqa: E402
 
 TYPES = ["tool_call", "tool_cycle", "tool_error", "content", "llm"]
@@ -36,8 +36,8 @@ TYPES = ["tool_call", "tool_cycle", "tool_error", "content", "llm"]
 
 async def seed(url: str, rows: int) -> None:
     await asyncio.to_thread(run_migrations, url)
-    engine = create_engine(url)
-    writer = LogWriter(engine, capacity=rows + 10)
+    writer = LogWriter(url, capacity=rows + 10)
+    writer.start()
     rng = random.Random(3)
     now = utcnow()
     for n in range(rows):
@@ -51,8 +51,7 @@ async def seed(url: str, rows: int) -> None:
             "request_id": None, "tokens_saved_estimate": 100, "episode_key": f"bench-{n}"})
         if n < 2000:
             writer.session_seen(SessionSeen("bench", session, 40, "gpt-test"))
-    await writer.flush()
-    await engine.dispose()
+    await writer.close(60)
 
 
 async def ready(root: str) -> None:

@@ -60,7 +60,7 @@ async def test_migrations_upgrade_idempotent_and_downgrade(database_url):
 
 async def test_writer_batches_dedupes_and_folds_session_sightings(database_url):
     engine = await migrated(database_url)
-    writer = LogWriter(engine)
+    writer = LogWriter(database_url)
     writer.start()
     for n in range(1200):
         writer.add_detection(detection(n))
@@ -86,7 +86,7 @@ async def test_writer_survives_an_outage_and_counts_what_it_drops(database_url):
         url = url.set(host="127.0.0.1", port=relay.port)
     engine = create_engine(url.render_as_string(hide_password=False))
     drops: list[int] = []
-    writer = LogWriter(engine, capacity=40, on_drop=drops.append)
+    writer = LogWriter(url.render_as_string(hide_password=False), capacity=40, on_drop=drops.append)
     writer.start()
     writer.add_detection(detection(0))
     await writer.flush()
@@ -128,8 +128,9 @@ async def test_writer_survives_an_outage_and_counts_what_it_drops(database_url):
         await relay.cut()
 
 
-async def _seed(engine) -> None:
-    writer = LogWriter(engine)
+async def _seed(database_url: str) -> None:
+    writer = LogWriter(database_url)
+    writer.start()
     now = utcnow()
     rows = [
         detection(1, session_id="alpha", task="t-a", type="tool_call", action="warned", episode=1, turn=5,
@@ -153,12 +154,12 @@ async def _seed(engine) -> None:
     writer.add_judge_check({"created_at": now, "tenant": "t1", "session_id": "alpha", "task": "t-a", "turn": 30,
                             "confidence": 0.4, "confirm_confidence": None, "analysis": "progressing",
                             "model": "judge", "tokens": 900})
-    await writer.flush()
+    await writer.close()
 
 
 async def test_queries_filters_paging_and_stats(database_url):
     engine = await migrated(database_url)
-    await _seed(engine)
+    await _seed(database_url)
     items, cursor = await queries.list_detections(engine, queries.DetectionFilter(), limit=2)
     assert [i["id"] for i in items] == [5, 4] and cursor == "4"
     items, cursor = await queries.list_detections(engine, queries.DetectionFilter(), limit=2, cursor=cursor)

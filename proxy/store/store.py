@@ -86,7 +86,7 @@ class Store:
                  response_retention_days: float = 30.0) -> None:
         self.database_url = database_url
         self.engine: AsyncEngine = create_engine(database_url)
-        self.writer = LogWriter(self.engine, buffer_size, on_drop=on_drop)
+        self.writer = LogWriter(database_url, buffer_size, on_drop=on_drop)
         self._controls: dict[tuple[str, str], Controls] = {}
         self._checks: dict[tuple[str, str], dict[tuple[str, int], JudgeCheck]] = {}
         self._controls_seen: datetime | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -13,8 +14,9 @@ from typing import Callable
 
 from sqlalchemy import bindparam, func, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.engine import make_url
 
+from proxy.store.database import create_engine
 from proxy.store.models import Detection, JudgeCheckRow, ResponseRow, SessionRow
 
 log = logging.getLogger("loopwarden.store")
@@ -40,37 +42,48 @@ class SessionSeen:
     at: datetime = field(default_factory=utcnow)
 
 
-def dialect_insert(engine: AsyncEngine, table):
-    return (postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert)(table)
+def dialect_insert(dialect: str, table):
+    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
 
 
 class LogWriter:
-    """Detections, judge checks and session sightings go on a bounded buffer and out in batches."""
+    """Detections, judge checks and session sightings go on a bounded buffer and out in batches.
 
-    def __init__(self, engine: AsyncEngine, capacity: int = 10_000,
+    The writing runs on a thread of its own, with its own event loop and its own connections: when the
+    proxy's loop is saturated with requests, a batch's round trips to the database do not wait behind
+    them (on the proxy's loop, the log once fell seconds behind a busy proxy, all of it lost to a kill).
+    The request path only appends to the buffer, under a lock held for an append.
+    """
+
+    def __init__(self, database_url: str, capacity: int = 10_000,
                  on_drop: Callable[[int], None] | None = None) -> None:
-        self.engine = engine
+        self.database_url = database_url
         self.capacity = capacity
         self.dropped = 0
         self.written = 0
+        self._lock = threading.Lock()  # the buffer is shared by the proxy's loop and the writer's thread
         self._rows: deque[dict] = deque()  # detection and judge rows, each {"table": ..., "values": ...}
         self._sessions: dict[tuple[str, str], tuple[SessionSeen, int]] = {}
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._in_flight = 0  # a batch on its way to the database
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._wake: asyncio.Event | None = None
         self._closing = False
+        self._abandon = False
         self._failing_since: float | None = None
         self._on_drop = on_drop
         self._drop_logged_at = float("-inf")
-        self._insert_detections = dialect_insert(engine, Detection).on_conflict_do_nothing(
+        dialect = make_url(database_url).get_backend_name()
+        self._insert_detections = dialect_insert(dialect, Detection).on_conflict_do_nothing(
             index_elements=["episode_key"])
-        self._insert_checks = dialect_insert(engine, JudgeCheckRow)
-        self._insert_responses = dialect_insert(engine, ResponseRow).on_conflict_do_nothing(
+        self._insert_checks = dialect_insert(dialect, JudgeCheckRow)
+        self._insert_responses = dialect_insert(dialect, ResponseRow).on_conflict_do_nothing(
             index_elements=["tenant", "response_id"])
         self._mark_recovered = update(Detection).where(
             Detection.tenant == bindparam("b_tenant"), Detection.session_id == bindparam("b_session_id"),
             Detection.task == bindparam("b_task"), Detection.episode == bindparam("b_episode"),
         ).values(recovered=True)
-        upsert = dialect_insert(engine, SessionRow)
+        upsert = dialect_insert(dialect, SessionRow)
         self._upsert_sessions = upsert.on_conflict_do_update(
             index_elements=["tenant", "session_id"],
             set_={
@@ -80,8 +93,6 @@ class LogWriter:
                 "model": func.coalesce(upsert.excluded.model, SessionRow.model),
             },
         )
-        self._flushing = asyncio.Lock()
-        self._in_flight = 0  # the background task and an operator's call may both flush
 
     # -- the request path: synchronous, O(1), never raises ------------------------------------------------
 
@@ -101,21 +112,38 @@ class LogWriter:
 
     def session_seen(self, seen: SessionSeen) -> None:
         key = (seen.tenant, seen.session_id)
-        previous = self._sessions.get(key)
-        if previous is None and len(self._sessions) >= self.capacity:
+        with self._lock:
+            previous = self._sessions.get(key)
+            if previous is None and len(self._sessions) >= self.capacity:
+                dropped = 1
+            else:
+                dropped = 0
+                self._sessions[key] = (seen, (previous[1] if previous else 0) + 1)
+            full = len(self._sessions) >= BATCH
+        if dropped:
             self._count_drop(1)
-            return
-        self._sessions[key] = (seen, (previous[1] if previous else 0) + 1)
-        if len(self._sessions) >= BATCH:
-            self._wake.set()
+        elif full:
+            self._poke()
 
     def _add(self, row: dict) -> None:
-        if len(self._rows) >= self.capacity:
-            self._rows.popleft()  # the oldest goes: the newest says most about now
+        with self._lock:
+            dropped = len(self._rows) >= self.capacity
+            if dropped:
+                self._rows.popleft()  # the oldest goes: the newest says most about now
+            self._rows.append(row)
+            full = len(self._rows) >= BATCH
+        if dropped:
             self._count_drop(1)
-        self._rows.append(row)
-        if len(self._rows) >= BATCH:
-            self._wake.set()
+        if full:
+            self._poke()
+
+    def _poke(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the writer's loop has just closed
+                pass
 
     def _count_drop(self, count: int) -> None:
         self.dropped += count
@@ -131,27 +159,56 @@ class LogWriter:
         """Records not written yet, counting a batch on its way to the database."""
         return len(self._rows) + len(self._sessions) + self._in_flight
 
-    # -- the background task --------------------------------------------------------------------------------
+    # -- the writer's thread ----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="loopwarden-log-writer")
+        started = threading.Event()
+        self._thread = threading.Thread(target=self._main, args=(started,), name="loopwarden-log-writer",
+                                        daemon=True)
+        self._thread.start()
+        started.wait()
+
+    def _main(self, started: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._wake = asyncio.Event()
+        self._flushing = asyncio.Lock()  # the writer's own flushes and a caller's, one at a time
+        self.engine = create_engine(self.database_url)
+        self._loop = loop
+        started.set()
+        try:
+            loop.run_until_complete(self._run())
+        finally:
+            loop.run_until_complete(self.engine.dispose())
+            self._loop = None
+            loop.close()
 
     async def close(self, timeout: float = 5.0) -> None:
         """Flush what is buffered (within `timeout`), then stop."""
+        if self._thread is None:
+            return
         self._closing = True
-        self._wake.set()
-        if self._task is not None:
-            try:
-                await asyncio.wait_for(self._task, timeout)
-            except asyncio.TimeoutError:
-                lost = self.pending
-                if lost:
-                    self._count_drop(lost)
-            self._task = None
+        self._poke()
+        await asyncio.to_thread(self._thread.join, timeout)
+        if self._thread.is_alive():  # the database did not take it in time: what is left is lost
+            lost = self.pending
+            if lost:
+                self._count_drop(lost)
+            self._abandon = True
+            self._poke()
+            await asyncio.to_thread(self._thread.join, 5.0)
+        self._thread = None
+
+    async def flush(self) -> None:
+        """Write what is buffered now, from the caller's loop. On failure the records stay buffered."""
+        loop = self._loop
+        if loop is None:
+            return
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._flush(), loop))
 
     async def _run(self) -> None:
         backoff = 0.5
-        while True:
+        while not self._abandon:
             if not self._closing:
                 try:
                     await asyncio.wait_for(self._wake.wait(), FLUSH_EVERY)
@@ -159,12 +216,15 @@ class LogWriter:
                     pass
             self._wake.clear()
             try:
-                await self.flush()
+                await self._flush()
             except Exception as exc:  # the database is down or refused the batch: keep, retry later
                 if self._failing_since is None:
-                    self._failing_since = asyncio.get_running_loop().time()
+                    self._failing_since = time.monotonic()
                     log.warning("detection log write failed, will retry: %s", str(exc).splitlines()[0])
-                await asyncio.sleep(backoff)
+                try:
+                    await asyncio.wait_for(self._wake.wait(), backoff)  # a close wakes the retry early
+                except asyncio.TimeoutError:
+                    pass
                 backoff = min(backoff * 2, MAX_BACKOFF)
                 continue
             if self._failing_since is not None:
@@ -174,20 +234,21 @@ class LogWriter:
             if self._closing and not self.pending:
                 return
 
-    async def flush(self) -> None:
-        """Write what is buffered now. On failure the records go back to the buffer."""
+    async def _flush(self) -> None:
+        """Write what is buffered, batch by batch (on the writer's loop)."""
         async with self._flushing:
             while await self._flush_batch():
                 pass
 
     async def _flush_batch(self) -> bool:
         """Write one batch; True when a full batch went out and more may be waiting."""
-        rows = [self._rows.popleft() for _ in range(min(BATCH, len(self._rows)))]
-        keys = list(itertools.islice(self._sessions, BATCH))
-        sessions = [(key, self._sessions.pop(key)) for key in keys]
+        with self._lock:
+            rows = [self._rows.popleft() for _ in range(min(BATCH, len(self._rows)))]
+            keys = list(itertools.islice(self._sessions, BATCH))
+            sessions = [(key, self._sessions.pop(key)) for key in keys]
+            self._in_flight = len(rows) + len(sessions)
         if not rows and not sessions:
             return False
-        self._in_flight = len(rows) + len(sessions)
         try:
             async with self.engine.begin() as connection:
                 detections = [r["values"] for r in rows if r["table"] is Detection]
@@ -219,11 +280,13 @@ class LogWriter:
 
     def _restore(self, rows: list[dict], sessions: list) -> None:
         """Put a batch that could not be written back in front, within the buffer's bound."""
-        room = self.capacity - len(self._rows)
-        if room < len(rows):
-            self._count_drop(len(rows) - max(room, 0))
-            rows = rows[len(rows) - max(room, 0):]  # the oldest go first
-        self._rows.extendleft(reversed(rows))
-        for key, (seen, count) in sessions:
-            newer = self._sessions.get(key)
-            self._sessions[key] = (newer[0], newer[1] + count) if newer else (seen, count)
+        with self._lock:
+            room = self.capacity - len(self._rows)
+            dropped = max(0, len(rows) - max(room, 0))
+            rows = rows[dropped:]  # the oldest go first
+            self._rows.extendleft(reversed(rows))
+            for key, (seen, count) in sessions:
+                newer = self._sessions.get(key)
+                self._sessions[key] = (newer[0], newer[1] + count) if newer else (seen, count)
+        if dropped:
+            self._count_drop(dropped)
