@@ -1,0 +1,82 @@
+"""Memory over many sessions: 200,000 distinct sessions through one `loopwarden serve`, RSS sampled.
+
+    .venv/bin/python bench/scale.py [--sessions 200000] [--concurrency 16]
+
+Each session sends one request: a 12-message conversation with tool calls, half of them looping (so
+half log a warning). The proxy's resident memory is read from /proc every 20,000 sessions; every
+per-session structure is bounded, so it should level off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from overhead import conversation, free_port, wait_ready  # noqa: E402
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def main(sessions: int, concurrency: int) -> None:
+    tmp = tempfile.mkdtemp(prefix="lw-scale-")
+    up_port, lw_port = free_port(), free_port()
+    upstream = subprocess.Popen([sys.executable, str(ROOT / "bench/servers.py"), "upstream", str(up_port)])
+    proxy = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(lw_port), "--upstream",
+                              f"http://127.0.0.1:{up_port}/v1", "--database-url",
+                              f"sqlite+aiosqlite:///{tmp}/scale.db", "--log-level", "error", "--llm-check", "false"],
+                             cwd=ROOT)
+    bodies = [orjson.dumps({"model": "bench", "messages": conversation(12, looping=looping)})
+              for looping in (False, True)]
+    try:
+        await wait_ready(f"http://127.0.0.1:{up_port}/v1")
+        await wait_ready(f"http://127.0.0.1:{lw_port}/v1")
+        print(f"# {sessions:,} distinct sessions, {concurrency} at a time\n")
+        print("| sessions | proxy RSS MB | requests/s since the last row |\n|---|---|---|")
+        print(f"| 0 | {rss_mb(proxy.pid):.1f} | |")
+        counter = iter(range(sessions))
+        done = 0
+        mark, began = 0, time.perf_counter()
+
+        async def worker(http: aiohttp.ClientSession) -> None:
+            nonlocal done, mark, began
+            for n in counter:
+                async with http.post(f"http://127.0.0.1:{lw_port}/v1/chat/completions", data=bodies[n % 2],
+                                     headers={"Content-Type": "application/json",
+                                              "X-Loopwarden-Session": f"scale-{n}"}) as response:
+                    await response.read()
+                done += 1
+                if done % 20_000 == 0:
+                    now = time.perf_counter()
+                    print(f"| {done:,} | {rss_mb(proxy.pid):.1f} | {(done - mark) / (now - began):.0f} |", flush=True)
+                    mark, began = done, now
+
+        async with aiohttp.ClientSession() as http:
+            await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+    finally:
+        for process in (proxy, upstream):
+            process.terminate()
+            process.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=200_000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args()
+    asyncio.run(main(args.sessions, args.concurrency))
