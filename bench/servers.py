@@ -39,12 +39,15 @@ async def upstream_chat(request: web.Request) -> web.StreamResponse:
     pace = float(request.headers.get("X-Bench-Pace-Ms", "0")) / 1000  # seconds between chunks
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
-    for i in range(STREAM_CHUNKS):
-        if pace:
-            await asyncio.sleep(pace)
-        await response.write(_chunk(i))
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
+    try:
+        for i in range(STREAM_CHUNKS):
+            if pace:
+                await asyncio.sleep(pace)
+            await response.write(_chunk(i))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except ConnectionResetError:  # the client (the proxy, when its own client left) closed the connection
+        pass
     return response
 
 
