@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from typing import AsyncIterator
 
 import aiohttp
@@ -116,8 +117,10 @@ async def _inspected(request: web.Request, dialect) -> web.StreamResponse:
         response_headers = client_headers(upstream)
         response_headers.update(exchange.response_headers)
         content_type = upstream.headers.get("Content-Type", "")
+        encoding = upstream.headers.get("Content-Encoding", "identity").strip().lower() or "identity"
         if upstream.status == 200 and content_type.startswith("text/event-stream"):
-            return await _relay_stream(request, upstream, response_headers, exchange)
+            # A stream compressed although identity was asked for is relayed untouched, unread.
+            return await _relay_stream(request, upstream, response_headers, exchange, watch=encoding == "identity")
         try:
             body = await upstream.read()
         except Exception as exc:
@@ -126,14 +129,29 @@ async def _inspected(request: web.Request, dialect) -> web.StreamResponse:
             raise _read_failure(exc) from exc
         if upstream.status != 200:
             return _upstream_error(upstream.status, body, response_headers)
-        try:
-            answer = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return json_error(502, "upstream answered with a body that is not JSON", "upstream_error",
-                              "upstream_invalid_response")
-        # The answer goes out first; the engine reads it on the loop's next turn.
-        asyncio.get_running_loop().call_soon(exchange.on_complete, answer)
+        readable = _decoded(body, encoding)
+        if readable is not None:
+            try:
+                answer = orjson.loads(readable)
+            except orjson.JSONDecodeError:
+                return json_error(502, "upstream answered with a body that is not JSON", "upstream_error",
+                                  "upstream_invalid_response")
+            # The answer goes out first; the engine reads it on the loop's next turn.
+            asyncio.get_running_loop().call_soon(exchange.on_complete, answer)
         return web.Response(status=200, body=body, headers=response_headers)
+
+
+def _decoded(body: bytes, encoding: str) -> bytes | None:
+    """The answer as the client will read it: relayed as it came, and read through a decoded copy when an
+    upstream compressed it although identity was asked for; None when it cannot be read here."""
+    if encoding == "identity":
+        return body
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        try:
+            return zlib.decompress(body, 47)  # 32 + 15: a gzip or zlib header, whichever it has
+        except zlib.error:
+            return None
+    return None
 
 
 def _read_failure(exc: BaseException) -> UpstreamFailure:
@@ -173,14 +191,14 @@ async def _write_eof(request: web.Request, response: web.StreamResponse) -> None
 
 
 async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, headers,
-                        exchange: guard_module.Exchange) -> web.StreamResponse:
+                        exchange: guard_module.Exchange, watch: bool = True) -> web.StreamResponse:
     response = web.StreamResponse(status=200, headers=headers)
     await response.prepare(request)
     open_streams = request.app[METRICS].open_streams
     open_streams.inc()
     try:
         async for chunk in upstream.content.iter_any():
-            cut = exchange.on_stream_bytes(chunk)
+            cut = exchange.on_stream_bytes(chunk) if watch else None
             if cut is None:
                 await _write(response, chunk)
                 continue
@@ -190,7 +208,8 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
             await _write(response, chunk[:forward] + ending)
             break
         else:
-            exchange.on_stream_end()
+            if watch:
+                exchange.on_stream_end()
     except _ClientGone:
         log.debug("client left mid-stream on %s", request.path)
         upstream.close()
