@@ -9,9 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from overhead import SMALL, free_port, wait_ready  # noqa: E402
+from overhead import SMALL, Served  # noqa: E402
 from scale import rss_mb  # noqa: E402
 
 
@@ -30,22 +28,14 @@ def fds(pid: int) -> int:
 
 
 async def main(idle: int, streams: int) -> None:
-    tmp = tempfile.mkdtemp(prefix="lw-clients-")
-    up_port, lw_port = free_port(), free_port()
-    upstream = subprocess.Popen([sys.executable, str(ROOT / "bench/servers.py"), "upstream", str(up_port)])
-    proxy = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(lw_port), "--upstream",
-                              f"http://127.0.0.1:{up_port}/v1", "--database-url",
-                              f"sqlite+aiosqlite:///{tmp}/clients.db", "--log-level", "error", "--llm-check", "false"],
-                             cwd=ROOT)
-    url = f"http://127.0.0.1:{lw_port}/v1/chat/completions"
     rows = []
+    async with Served("clients") as served:
+        url = f"{served.url}/chat/completions"
+        pid = served.proxy.pid
 
-    def row(what: str) -> None:
-        rows.append(f"| {what} | {fds(proxy.pid)} | {rss_mb(proxy.pid):.1f} |")
+        def row(what: str) -> None:
+            rows.append(f"| {what} | {fds(pid)} | {rss_mb(pid):.1f} |")
 
-    try:
-        await wait_ready(f"http://127.0.0.1:{up_port}/v1")
-        await wait_ready(f"http://127.0.0.1:{lw_port}/v1")
         await asyncio.sleep(0.5)
         row("at rest")
         # Idle keep-alive connections: each made one request and stays open.
@@ -95,10 +85,6 @@ async def main(idle: int, streams: int) -> None:
         print(f"{sum(results)} of {streams} concurrent streams complete, in {elapsed:.1f} s\n")
         print("| moment | proxy open file descriptors | proxy RSS MB |\n|---|---|---|")
         print("\n".join(rows))
-    finally:
-        for process in (proxy, upstream):
-            process.terminate()
-            process.wait(timeout=30)
 
 
 if __name__ == "__main__":

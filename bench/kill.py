@@ -15,9 +15,7 @@ import argparse
 import asyncio
 import signal
 import sqlite3
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,29 +25,21 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from overhead import conversation, free_port, wait_ready  # noqa: E402
+from overhead import Served, conversation  # noqa: E402
 
 LOOPING = orjson.dumps({"model": "bench", "messages": conversation(12, looping=True)})
 
 
 async def run(stop: signal.Signals, seconds: float, workers: int) -> tuple[int, int]:
-    tmp = tempfile.mkdtemp(prefix="lw-kill-")
-    up_port, lw_port = free_port(), free_port()
-    upstream = subprocess.Popen([sys.executable, str(ROOT / "bench/servers.py"), "upstream", str(up_port)])
-    proxy = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(lw_port), "--upstream",
-                              f"http://127.0.0.1:{up_port}/v1", "--database-url", f"sqlite+aiosqlite:///{tmp}/kill.db",
-                              "--log-level", "error", "--llm-check", "false"], cwd=ROOT)
     owed = 0
-    try:
-        await wait_ready(f"http://127.0.0.1:{up_port}/v1")
-        await wait_ready(f"http://127.0.0.1:{lw_port}/v1")
+    async with Served("kill") as served:
         deadline = time.monotonic() + seconds
         counter = iter(range(10**9))
 
         async def worker(http: aiohttp.ClientSession) -> None:
             nonlocal owed
             while time.monotonic() < deadline:
-                async with http.post(f"http://127.0.0.1:{lw_port}/v1/chat/completions", data=LOOPING,
+                async with http.post(f"{served.url}/chat/completions", data=LOOPING,
                                      headers={"Content-Type": "application/json",
                                               "X-Loopwarden-Session": f"kill-{next(counter)}"}) as response:
                     await response.read()
@@ -58,14 +48,9 @@ async def run(stop: signal.Signals, seconds: float, workers: int) -> tuple[int, 
 
         async with aiohttp.ClientSession() as http:
             await asyncio.gather(*(worker(http) for _ in range(workers)))
-        proxy.send_signal(stop)
-        proxy.wait(timeout=60)
-    finally:
-        for process in (proxy, upstream):
-            if process.poll() is None:
-                process.kill()
-            process.wait()
-    written = sqlite3.connect(f"{tmp}/kill.db").execute("SELECT count(*) FROM detections").fetchone()[0]
+        served.proxy.send_signal(stop)
+        served.proxy.wait(timeout=60)
+    written = sqlite3.connect(served.database).execute("SELECT count(*) FROM detections").fetchone()[0]
     return owed, written
 
 

@@ -51,6 +51,33 @@ async def wait_ready(url: str) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
+class Served:
+    """The lean upstream and `loopwarden serve` in front of it, as processes, on a fresh SQLite log."""
+
+    def __init__(self, name: str) -> None:
+        self.tmp = tempfile.mkdtemp(prefix=f"lw-{name}-")
+        self.database = f"{self.tmp}/{name}.db"
+        self.up_port, self.port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.upstream = subprocess.Popen([sys.executable, str(ROOT / "bench/servers.py"), "upstream",
+                                          str(self.up_port)])
+        self.proxy = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve", "--port", str(self.port), "--upstream",
+             f"http://127.0.0.1:{self.up_port}/v1", "--database-url", f"sqlite+aiosqlite:///{self.database}",
+             "--log-level", "error", "--llm-check", "false"], cwd=ROOT)
+
+    async def __aenter__(self) -> "Served":
+        await wait_ready(f"http://127.0.0.1:{self.up_port}/v1")
+        await wait_ready(self.url)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        for process in (self.proxy, self.upstream):
+            if process.poll() is None:
+                process.terminate()
+            process.wait(timeout=30)
+
+
 def conversation(messages: int, *, looping: bool = False, tag: str = "") -> list[dict]:
     """An agent conversation with tool calls: distinct calls, or one call repeated (a loop)."""
     result = [{"role": "system", "content": "You are a careful coding agent." + tag},

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,7 +21,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from overhead import conversation, free_port, wait_ready  # noqa: E402
+from overhead import Served, conversation  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:
@@ -34,21 +32,13 @@ def rss_mb(pid: int) -> float:
 
 
 async def main(sessions: int, concurrency: int) -> None:
-    tmp = tempfile.mkdtemp(prefix="lw-scale-")
-    up_port, lw_port = free_port(), free_port()
-    upstream = subprocess.Popen([sys.executable, str(ROOT / "bench/servers.py"), "upstream", str(up_port)])
-    proxy = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(lw_port), "--upstream",
-                              f"http://127.0.0.1:{up_port}/v1", "--database-url",
-                              f"sqlite+aiosqlite:///{tmp}/scale.db", "--log-level", "error", "--llm-check", "false"],
-                             cwd=ROOT)
     bodies = [orjson.dumps({"model": "bench", "messages": conversation(12, looping=looping)})
               for looping in (False, True)]
-    try:
-        await wait_ready(f"http://127.0.0.1:{up_port}/v1")
-        await wait_ready(f"http://127.0.0.1:{lw_port}/v1")
+    async with Served("scale") as served:
+        pid = served.proxy.pid
         print(f"# {sessions:,} distinct sessions, {concurrency} at a time\n")
         print("| sessions | proxy RSS MB | requests/s since the last row |\n|---|---|---|")
-        print(f"| 0 | {rss_mb(proxy.pid):.1f} | |")
+        print(f"| 0 | {rss_mb(pid):.1f} | |")
         counter = iter(range(sessions))
         done = 0
         mark, began = 0, time.perf_counter()
@@ -56,22 +46,18 @@ async def main(sessions: int, concurrency: int) -> None:
         async def worker(http: aiohttp.ClientSession) -> None:
             nonlocal done, mark, began
             for n in counter:
-                async with http.post(f"http://127.0.0.1:{lw_port}/v1/chat/completions", data=bodies[n % 2],
+                async with http.post(f"{served.url}/chat/completions", data=bodies[n % 2],
                                      headers={"Content-Type": "application/json",
                                               "X-Loopwarden-Session": f"scale-{n}"}) as response:
                     await response.read()
                 done += 1
                 if done % 20_000 == 0:
                     now = time.perf_counter()
-                    print(f"| {done:,} | {rss_mb(proxy.pid):.1f} | {(done - mark) / (now - began):.0f} |", flush=True)
+                    print(f"| {done:,} | {rss_mb(pid):.1f} | {(done - mark) / (now - began):.0f} |", flush=True)
                     mark, began = done, now
 
         async with aiohttp.ClientSession() as http:
             await asyncio.gather(*(worker(http) for _ in range(concurrency)))
-    finally:
-        for process in (proxy, upstream):
-            process.terminate()
-            process.wait(timeout=30)
 
 
 if __name__ == "__main__":
