@@ -301,3 +301,15 @@ async def test_the_judge_watches_responses_sessions_too(upstream, proxy):
     ((_, role, text),) = warnings_in(upstream.responses_requests[-1])
     assert text.startswith("[loopwarden] Loop detected (1/2)") and "edits and reverts" in text
     await client.close()
+
+
+async def test_observe_mode_follows_a_chained_conversation(upstream, proxy_factory):
+    running = await proxy_factory(upstream.url, mode="observe")
+    agent = ResponsesAgent(running.url, chained=True)
+    await loop_calls(agent, upstream, 7, CONTENT)
+    upstream.script.append(Turn(content="ok"))
+    await agent.turn()  # the 8th request would have been refused; observed, it goes on
+    assert agent.last_headers["x-loopwarden-observed"] == "stop tool_call"
+    assert all(warnings_in(body) == [] for body in upstream.responses_requests)
+    assert len(upstream.responses_requests) == 8
+    await agent.close()

@@ -304,32 +304,33 @@ class Guard:
         decision = Decision(episodes(config, state, plan_mode=plan_mode, judge_checks=checks))
         context = {"tenant": tenant, "session_id": session_id, "task": state.key, "model": model,
                    "api": dialect.name, "enforced": not observe}
-        if observe:
-            return self._observed(request, raw, payload, dialect, decision, state, cache, config, messages,
-                                  context, headers, plan_mode)
 
         stop = decision.stop
         if stop is not None:
-            # A stop saves at least the request it refused.
+            # A stop saves at least the request it refused (or, observed, would have refused).
             self.log_episode(context, stop, "stopped", None, len(raw) // 4)
-            exchange = Exchange(raw, headers)
-            exchange.stop = json_error(400, stop_text(stop), "loop_detected", "loop_detected",
-                                       headers={**headers, "X-Loopwarden-Loop": stop.type,
-                                                "x-should-retry": "false"})
-            return exchange
+            if not observe:
+                exchange = Exchange(raw, headers)
+                exchange.stop = json_error(400, stop_text(stop), "loop_detected", "loop_detected",
+                                           headers={**headers, "X-Loopwarden-Loop": stop.type,
+                                                    "x-should-retry": "false"})
+                return exchange
 
         body = raw
         warnings = decision.warnings
         # A warning is re-created at its place in every request; where the service keeps the conversation
         # (a chained Responses request), the ones already sent are in it, and only new ones are added.
-        inserted = [(e.place, settings.warning_role, warning_text(e)) for e in warnings
-                    if e.place >= conversation.own_start]
+        # Observe mode adds none: the request goes on as the client sent it.
+        inserted = [] if observe else [(e.place, settings.warning_role, warning_text(e)) for e in warnings
+                                       if e.place >= conversation.own_start]
         if inserted:
             body = orjson.dumps(dialect.with_messages(payload, conversation, [
                 (place, dialect.warning_message(role, text)) for place, role, text in inserted]))
-        if warnings:
-            latest = warnings[-1]
-            headers["X-Loopwarden-Warning"] = f"{latest.number}/{latest.limit} {latest.type}"
+        if observe and (stop is not None or warnings):
+            headers["X-Loopwarden-Observed"] = f"stop {stop.type}" if stop is not None else \
+                f"{warnings[-1].number}/{warnings[-1].limit} {warnings[-1].type}"
+        elif warnings:
+            headers["X-Loopwarden-Warning"] = f"{warnings[-1].number}/{warnings[-1].limit} {warnings[-1].type}"
         watcher = ResponseWatcher(config, _detached(state, cache), decision, len(messages), plan_mode)
         on_answer = None
         if dialect.name == "responses" and payload.get("store") is not False and self.store is not None:
@@ -339,36 +340,15 @@ class Guard:
             previous = chain.last_id if chain is not None else None
             on_answer = lambda answer, response_id: self.store.record_response(  # noqa: E731
                 tenant, response_id, previous, conversation_id, session_id, sent + [answer])
-        exchange = WatchedExchange(self, dialect, body, headers, context, watcher, _max_completion(payload),
-                                   warnings[-1] if warnings else None, on_answer, cut_notice=settings.cut_notice)
-        if warnings:
+        # Recovery is measured only on warnings the model was given.
+        warned = warnings[-1] if warnings and not observe else None
+        exchange = WatchedExchange(self, dialect, body, headers, context, watcher, _max_completion(payload), warned,
+                                   on_answer, cut_notice=settings.cut_notice, observe=observe)
+        if warnings and stop is None:  # after an observed would-be stop, the task logs nothing more
             exchange.on_delivered = lambda request_id: self._log_warnings(context, warnings, request_id)
-        self._maybe_judge(exchange, request, settings, key, context, state, messages, checks)
-        return exchange
-
-    def _observed(self, request, raw: bytes, payload: dict, dialect, decision: Decision, state: TaskState,
-                  cache: FoldCache, config: DetectConfig, messages: list[dict], context: dict, headers: dict,
-                  plan_mode: bool) -> Exchange:
-        """Observe mode: every episode found and logged as in enforce mode, the request and the response
-        passed on unchanged. The response says what enforcement would have done; after a task's would-be
-        stop, the task logs nothing more."""
-        stop = decision.stop
-        if stop is not None:
-            self.log_episode(context, stop, "stopped", None, len(raw) // 4)
-            headers["X-Loopwarden-Observed"] = f"stop {stop.type}"
-        elif decision.warnings:
-            latest = decision.warnings[-1]
-            headers["X-Loopwarden-Observed"] = f"{latest.number}/{latest.limit} {latest.type}"
-        watcher = ResponseWatcher(config, _detached(state, cache), decision, len(messages), plan_mode)
-        exchange = WatchedExchange(self, dialect, raw, headers, context, watcher, _max_completion(payload), None,
-                                   observe=True)
-        warnings = decision.warnings
-        if warnings and stop is None:
-            exchange.on_delivered = lambda request_id: self._log_warnings(context, warnings, request_id)
-        settings, _ = self._settings_for(context["model"])
-        self._maybe_judge(exchange, request, settings, (context["tenant"], context["session_id"]), context, state,
-                          messages, self.store.judge_checks(context["tenant"], context["session_id"], state.key)
-                          if self.store is not None else [])
+        if self.judge is not None and settings.llm_check and key not in self._judging and model and \
+                check_due(state.turns, settings.llm_check_after_turns, checks):
+            exchange.after_forward = lambda: self._start_judge(key, context, state, messages, client_key(request))
         return exchange
 
     def _settings_for(self, model: str | None) -> tuple[Settings, DetectConfig]:
@@ -380,12 +360,6 @@ class Guard:
             found = (settings, config)
             self._per_model.put(model, found)
         return found
-
-    def _maybe_judge(self, exchange: Exchange, request: web.Request, settings: Settings, key: tuple[str, str],
-                     context: dict, state: TaskState, messages: list[dict], checks) -> None:
-        if self.judge is not None and settings.llm_check and key not in self._judging and context["model"] and \
-                check_due(state.turns, settings.llm_check_after_turns, checks):
-            exchange.after_forward = lambda: self._start_judge(key, context, state, messages, client_key(request))
 
     def _start_judge(self, key: tuple[str, str], context: dict, state: TaskState, messages: list[dict],
                      key_of_client: str) -> None:
