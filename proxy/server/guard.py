@@ -15,7 +15,6 @@ import asyncio
 import functools
 import hashlib
 import logging
-from collections import OrderedDict
 from typing import Callable
 
 import orjson
@@ -37,6 +36,7 @@ from proxy.detect.normalize import digest
 from proxy.detect.text_steps import task_text
 from proxy.detect.texts import cut_notice, stop_text, warning_text
 from proxy.judge import JUDGE_HEADER, Judge
+from proxy.lru import LRU
 from proxy.server.upstream import json_error
 from proxy.store.store import Chain
 from proxy.store.writer import SessionSeen, utcnow
@@ -82,18 +82,6 @@ def session_of(request: web.Request, messages: list[dict], tenant: str, chain: C
     system = next((message_text(m) for m in messages if m.get("role") in ("system", "developer")), "")
     first_user = task_text(next((message_text(m) for m in messages if m.get("role") == "user"), ""))
     return "fp-" + digest(f"{tenant}\x00{system}\x00{first_user}").hex()[:16]
-
-
-class _LRU(OrderedDict):
-    def __init__(self, size: int) -> None:
-        super().__init__()
-        self.size = size
-
-    def put(self, key, value) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        if len(self) > self.size:
-            self.popitem(last=False)
 
 
 class Exchange:
@@ -234,10 +222,10 @@ class Guard:
         self.config = DetectConfig.from_settings(settings)
         self.store = store
         self.metrics = metrics
-        self._folds: _LRU = _LRU(CACHED_SESSIONS)
-        self._logged: _LRU = _LRU(REMEMBERED_EPISODES)
-        self._message_counts: _LRU = _LRU(CACHED_SESSIONS)
-        self._per_model: _LRU = _LRU(256)
+        self._folds: LRU = LRU(CACHED_SESSIONS)
+        self._logged: LRU = LRU(REMEMBERED_EPISODES)
+        self._message_counts: LRU = LRU(CACHED_SESSIONS)
+        self._per_model: LRU = LRU(256)
         self.judge = Judge(settings.judge_url or settings.upstream_url,
                            settings.judge_api_key or settings.upstream_api_key, settings.judge_timeout,
                            settings.judge_concurrency) if settings.llm_check and store is not None else None

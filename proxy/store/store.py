@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -19,9 +18,11 @@ from sqlalchemy import and_, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.detect.judge_policy import JudgeCheck
+from proxy.lru import LRU
 from proxy.store.database import create_engine, ping
 from proxy.store.models import JudgeCheckRow, ResponseRow, SessionRow
 from proxy.store.writer import LogWriter, utcnow
+from proxy.wire.chat import message_text, tool_calls
 
 log = logging.getLogger("loopwarden.store")
 POLL_EVERY = 1.0
@@ -51,23 +52,19 @@ class StoredResponse:
 
 def _bounded(message: dict) -> dict:
     """A message as stored: long texts keep their start (their verdicts are the same on every replica)."""
-    content = message.get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    bounded = {"role": message.get("role"), "content": content[:MAX_STORED_TEXT] if isinstance(content, str) else None}
+    bounded = {"role": message.get("role"), "content": message_text(message)[:MAX_STORED_TEXT] or None}
     for name in ("tool_call_id", "status", "is_error"):
         if name in message:
             bounded[name] = message[name]
-    calls = message.get("tool_calls")
-    if isinstance(calls, list):
+    calls = tool_calls(message)
+    if calls:
         bounded["tool_calls"] = []
         for call in calls:
-            function = (call.get("function") or {}) if isinstance(call, dict) else {}
+            function = call.get("function") if isinstance(call.get("function"), dict) else {}
             arguments = function.get("arguments")
             if isinstance(arguments, str):
                 arguments = arguments[:MAX_STORED_TEXT]
-            bounded["tool_calls"].append({"id": call.get("id") if isinstance(call, dict) else None,
-                                          "type": "function",
+            bounded["tool_calls"].append({"id": call.get("id"), "type": "function",
                                           "function": {"name": function.get("name"), "arguments": arguments}})
     return bounded
 
@@ -93,8 +90,8 @@ class Store:
         self._checks_seen = 0
         self._poller: asyncio.Task | None = None
         self.response_retention = timedelta(days=response_retention_days)
-        self._responses: OrderedDict[tuple[str, str], StoredResponse] = OrderedDict()
-        self._latest: OrderedDict[tuple[str, str], str] = OrderedDict()  # (tenant, conversation) -> response
+        self._responses = LRU(CACHED_RESPONSES)  # (tenant, response id) -> StoredResponse
+        self._latest = LRU(CACHED_RESPONSES)  # (tenant, conversation) -> its latest response
         self._tenants: set[str] = set()  # key hashes that have sessions (one entry per client key)
 
     async def start(self) -> None:
@@ -164,15 +161,12 @@ class Store:
         if not response_id:
             return
         stored = StoredResponse(previous_id, conversation_id, session_id, [_bounded(m) for m in messages])
-        self._remember_response(tenant, response_id, stored)
+        self._responses.put((tenant, response_id), stored)
         if conversation_id:
-            _put(self._latest, (tenant, conversation_id), response_id, CACHED_RESPONSES)
+            self._latest.put((tenant, conversation_id), response_id)
         self.writer.add_response({"tenant": tenant, "response_id": response_id[:128], "previous_id": previous_id,
                                   "conversation_id": conversation_id, "session_id": session_id,
                                   "created_at": utcnow(), "messages": stored.messages})
-
-    def _remember_response(self, tenant: str, response_id: str, stored: StoredResponse) -> None:
-        _put(self._responses, (tenant, response_id), stored, CACHED_RESPONSES)
 
     async def chain(self, tenant: str, previous_id: str | None, conversation_id: str | None) -> Chain:
         """The conversation a request continues, oldest first: from memory, else from the database (another
@@ -219,7 +213,7 @@ class Store:
         while current in found and len(result) < MAX_CHAIN:
             row = found.pop(current)
             stored = StoredResponse(row.previous_id, row.conversation_id, row.session_id, row.messages)
-            self._remember_response(tenant, current, stored)
+            self._responses.put((tenant, current), stored)
             result.append(stored)
             current = row.previous_id
         return result
@@ -297,10 +291,3 @@ class Store:
                     row.task, row.turn, row.confidence, row.confirm_confidence, row.analysis or ""))
                 self._checks_seen = row.id
 
-
-
-def _put(cache: OrderedDict, key, value, size: int) -> None:
-    cache[key] = value
-    cache.move_to_end(key)
-    if len(cache) > size:
-        cache.popitem(last=False)
