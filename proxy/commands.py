@@ -1,4 +1,5 @@
-"""The query commands: a thin shell over proxy.store.queries, for people (tables) and scripts (JSON, CSV)."""
+"""The log's query commands, `config` and `replay`: thin shells over proxy.store.queries, the settings and
+proxy.replay, for people (tables) and scripts (JSON, CSV)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import orjson
 from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
-from proxy.config import Settings
+from proxy.config import FIELDS, Settings
+from proxy.detect.engine import DetectConfig
+from proxy.replay import read_records, replay as replay_one, summary
 from proxy.store import queries
 from proxy.store.database import DatabaseUnavailable, create_engine, describe_failure, safe_url
 
@@ -178,8 +181,6 @@ _SECRETS = ("upstream_api_key", "judge_api_key", "admin_token")
 
 def describe_config(settings, sources: dict[str, str]) -> str:
     """Every setting in force and where its value came from; then the policies. Secrets are not shown."""
-    from proxy.config import FIELDS
-
     rows = []
     for name in FIELDS:
         value = getattr(settings, name)
@@ -195,9 +196,6 @@ def describe_config(settings, sources: dict[str, str]) -> str:
 
 def replay(args, settings) -> tuple[str, bool]:
     """Replay the records under the settings in force; the output, and whether --fail-on was reached."""
-    from proxy.detect.engine import DetectConfig
-    from proxy.replay import read_records, replay as replay_one, summary
-
     records, errors = read_records(args.paths)
     results = [replay_one(DetectConfig.from_settings(settings.for_model(r.model)), r) for r in records]
     overview = summary(results, errors)

@@ -82,7 +82,7 @@ def _react(text: str) -> list[TextAction] | None:
 
 
 def _code(text: str) -> list[TextAction] | None:
-    """smolagents' CodeAgent: a `<code>` block, or a fenced Python block."""
+    """smolagents' CodeAgent: a `<code>` block (a fenced Python block is read by `_fenced`)."""
     if "<code>" in text:
         match = _CODE_TAG.search(text)
         if match:

@@ -10,6 +10,8 @@ from typing import Any
 from sqlalchemy import Integer, and_, case, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from proxy.detect.engine import Episode
+from proxy.detect.texts import cut_notice, stop_text, warning_text
 from proxy.store.models import Detection, JudgeCheckRow, SessionRow
 
 TYPES = ("tool_call", "tool_cycle", "tool_error", "content", "llm")
@@ -234,9 +236,6 @@ async def list_sessions(engine: AsyncEngine, since: datetime | None = None, tena
 def shown(row: Any) -> str:
     """What loopwarden said for this episode: the warning the model was given, the stop's message, or the
     cut's notice (rebuilt from the logged detail by the same functions that wrote them)."""
-    from proxy.detect.engine import Episode
-    from proxy.detect.texts import cut_notice, stop_text, warning_text
-
     episode = Episode(row.episode, row.episode_limit, row.type, row.detail or {}, 0, 0, row.turn)
     try:
         if row.action == "stopped":
