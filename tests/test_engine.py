@@ -280,8 +280,8 @@ def test_cache_never_changes_a_verdict():
         if rng.random() < 0.1:
             messages.append(user(f"new task {i}"))
         roll = rng.random()
-        if roll < 0.4:
-            messages += step("read_file", {"path": "a.py"}, "same")
+        if roll < 0.4:  # the same read, its result changing now and then
+            messages += step("read_file", {"path": "a.py"}, rng.choice(["same", "same", "changed"]))
         elif roll < 0.6:
             messages += step("build", {}, "Error: failed")
         elif roll < 0.8:
@@ -291,6 +291,21 @@ def test_cache_never_changes_a_verdict():
         cached_state, cache = analyze(DEFAULT, messages, cache=cache)
         fresh_state, _ = analyze(DEFAULT, messages)
         assert episodes(DEFAULT, cached_state) == episodes(DEFAULT, fresh_state)
+
+
+def test_the_cache_keeps_no_tool_result_whole():
+    """Results are masked when first compared; whatever the cache keeps for the next request is settled, so a
+    session's cached state never holds a raw result (they can be megabytes)."""
+    big = "x = 1\n" * 50_000
+    messages = conversation(user("go"), *same_calls(3), *step("read_file", {"path": "big.py"}, big))
+    state, cache = analyze(DEFAULT, messages)
+    kept = [call for call in cache.state.tools._recent if call is not None]
+    assert kept and all(call._raw is None for call in kept)
+    assert kept[-1].result_excerpt.startswith("x = 1 x = 1")
+    # And the next request compares with them by their digests.
+    later = messages + step("read_file", {"path": "big.py"}, big)
+    cached_state, _ = analyze(DEFAULT, later, cache=cache)
+    assert episodes(DEFAULT, cached_state) == eps(later)
 
 
 def test_cache_notices_an_edited_history():

@@ -206,13 +206,13 @@ def make_call(raw: dict, results: dict[str, tuple[str, bool]]) -> Call:
 
 
 def _call(name: str, arguments: str, outcome: tuple[str, bool] | None) -> Call:
-    """A step, compared by meaning: the action's name and canonical arguments, and its masked result."""
+    """A step, compared by meaning: the action's name and canonical arguments, and its result (masked when
+    first compared)."""
     if outcome is None:
-        return Call(f"{name}\x00{arguments}", name, arguments, None, None)
+        return Call(name, arguments)
     text, marked = outcome
-    masked = mask(text)
-    error = masked[:500] if marked or is_error_form(text) else None
-    return Call(f"{name}\x00{arguments}", name, arguments, digest(masked), error, masked[:160])
+    error = mask(text)[:500] if marked or is_error_form(text) else None
+    return Call(name, arguments, text, error)
 
 
 def text_call(action: TextAction, observation: str | None, marked: bool = False) -> Call:
@@ -376,6 +376,7 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[dict], begin: i
             j += 1  # system, developer, stray tool results
     if end == reset_at and state.start < reset_at:
         state = _new_task(config, messages, reset_at)
+    state.tools.settle()  # the messages may be gone by the next request
     return state
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from proxy.detect.normalize import digest, mask
+
 MAX_CYCLE = 5
 ERROR_REPEATS = 3
 # Past this many times the threshold, identical calls in a row are a loop whatever their results (the same
@@ -11,16 +13,40 @@ ERROR_REPEATS = 3
 BLIND_REPEATS = 3
 
 
-@dataclass(frozen=True, slots=True)
 class Call:
-    """One tool call, compared by meaning: name plus canonical arguments, and its masked result."""
+    """One tool call, compared by meaning: name plus canonical arguments, and its masked result.
 
-    key: str  # name + NUL + canonical arguments
-    name: str
-    arguments: str  # canonical arguments
-    result: bytes | None  # digest of the masked result; None while unknown
-    error: str | None  # the masked error text when the result is an error
-    result_excerpt: str = ""  # the start of the masked result, for the evidence
+    Masking a result is most of what a call costs, and most results are never compared: only a call whose
+    name and arguments came before is. So the raw result is kept until the first comparison, or until the
+    tracker settles its last calls at the end of a fold, and then dropped for its digest and excerpt."""
+
+    __slots__ = ("key", "name", "arguments", "error", "_raw", "_result", "_excerpt")
+
+    def __init__(self, name: str, arguments: str, raw_result: str | None = None, error: str | None = None) -> None:
+        self.key = f"{name}\x00{arguments}"
+        self.name = name
+        self.arguments = arguments  # canonical arguments
+        self.error = error  # the masked error text when the result is an error
+        self._raw = raw_result
+        self._result: bytes | None = None
+        self._excerpt = ""
+
+    def _settle(self) -> None:
+        if self._raw is not None:
+            masked = mask(self._raw)
+            self._result, self._excerpt, self._raw = digest(masked), masked[:160], None
+
+    @property
+    def result(self) -> bytes | None:
+        """The digest of the masked result; None while the result is unknown."""
+        self._settle()
+        return self._result
+
+    @property
+    def result_excerpt(self) -> str:
+        """The start of the masked result, for the evidence."""
+        self._settle()
+        return self._excerpt
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +112,16 @@ class ToolTracker:
             self._errors[(call.key, call.error)] = count
             if count >= error_repeats:
                 found.append(ToolFinding("tool_error", (call,), count))
+        for finding in found:  # the evidence outlives the fold
+            for counted in finding.calls:
+                counted._settle()
         return found
+
+    def settle(self) -> None:
+        """Mask the results of the calls later calls will be compared with, so no raw result outlives a fold."""
+        for call in self._recent:
+            if call is not None:
+                call._settle()
 
     @property
     def state_size(self) -> int:
