@@ -52,19 +52,23 @@ async def wait_ready(url: str) -> None:
 
 
 class Served:
-    """The lean upstream and `loopwarden serve` in front of it, as processes, on a fresh SQLite log."""
+    """The lean upstream and `loopwarden serve` in front of it, as processes, on a fresh SQLite log (or the
+    database given)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, database_url: str | None = None, log_level: str = "error") -> None:
         self.tmp = tempfile.mkdtemp(prefix=f"lw-{name}-")
         self.database = f"{self.tmp}/{name}.db"
+        self.database_url = database_url or f"sqlite+aiosqlite:///{self.database}"
         self.up_port, self.port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.log = f"{self.tmp}/proxy.log"  # the proxy's own log lines
         self.upstream = subprocess.Popen([sys.executable, str(ROOT / "bench/servers.py"), "upstream",
                                           str(self.up_port)])
-        self.proxy = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "serve", "--port", str(self.port), "--upstream",
-             f"http://127.0.0.1:{self.up_port}/v1", "--database-url", f"sqlite+aiosqlite:///{self.database}",
-             "--log-level", "error", "--llm-check", "false"], cwd=ROOT)
+        with open(self.log, "w") as log:
+            self.proxy = subprocess.Popen(
+                [sys.executable, "-m", "proxy", "serve", "--port", str(self.port), "--upstream",
+                 f"http://127.0.0.1:{self.up_port}/v1", "--database-url", self.database_url,
+                 "--log-level", log_level, "--llm-check", "false"], cwd=ROOT, stderr=log)
 
     async def __aenter__(self) -> "Served":
         await wait_ready(f"http://127.0.0.1:{self.up_port}/v1")

@@ -26,9 +26,13 @@ def _completion() -> bytes:
     })
 
 
-def _chunk(i: int) -> bytes:
+CHANT = "I will read the configuration file again to be sure. "
+
+
+def _chunk(i: int, chant: bool = False) -> bytes:
+    content = CHANT if chant else f"token{i} "
     data = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "bench",
-            "choices": [{"index": 0, "delta": {"content": f"token{i} "}, "finish_reason": None}]}
+            "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}
     return b"data: " + orjson.dumps(data) + b"\n\n"
 
 
@@ -37,13 +41,14 @@ async def upstream_chat(request: web.Request) -> web.StreamResponse:
     if b'"stream":true' not in body.replace(b" ", b""):
         return web.Response(body=_completion(), content_type="application/json")
     pace = float(request.headers.get("X-Bench-Pace-Ms", "0")) / 1000  # seconds between chunks
+    chant = "X-Bench-Chant" in request.headers  # the same sentence in every chunk: a stream to be cut
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     try:
         for i in range(STREAM_CHUNKS):
             if pace:
                 await asyncio.sleep(pace)
-            await response.write(_chunk(i))
+            await response.write(_chunk(i, chant))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
     except ConnectionResetError:  # the client (the proxy, when its own client left) closed the connection

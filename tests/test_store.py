@@ -77,28 +77,66 @@ async def test_writer_batches_dedupes_and_folds_session_sightings(database_url):
     await engine.dispose()
 
 
+class Outage:
+    """The log's database going away and coming back: PostgreSQL behind a relay that is cut, SQLite with its
+    table renamed."""
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self.url = make_url(database_url)
+        self.relay = None
+
+    async def start(self) -> str:
+        """Migrate; the address the writer is to use."""
+        await asyncio.to_thread(run_migrations, self.database_url)
+        if self.url.get_backend_name() == "postgresql":
+            self.relay = await TcpRelay(self.url.host or "127.0.0.1", self.url.port or 5432).start()
+            self.url = self.url.set(host="127.0.0.1", port=self.relay.port)
+        self.engine = create_engine(self.url.render_as_string(hide_password=False))
+        return self.url.render_as_string(hide_password=False)
+
+    async def away(self) -> None:
+        if self.relay is not None:
+            await self.relay.cut()
+        else:
+            async with self.engine.begin() as connection:
+                await connection.execute(text("ALTER TABLE detections RENAME TO detections_away"))
+
+    async def back(self) -> None:
+        if self.relay is not None:
+            original = make_url(self.database_url)
+            self.relay = TcpRelay(original.host or "127.0.0.1", original.port or 5432)
+            self.relay.port = self.url.port  # the same address the engine knows
+            await self.relay.start()
+        else:
+            async with self.engine.begin() as connection:
+                await connection.execute(text("ALTER TABLE detections_away RENAME TO detections"))
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+        if self.relay is not None:
+            await self.relay.cut()
+
+
+async def drained(writer: LogWriter) -> None:
+    for _ in range(100):
+        if writer.pending == 0:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{writer.pending} records still pending")
+
+
 async def test_writer_survives_an_outage_and_counts_what_it_drops(database_url):
-    await asyncio.to_thread(run_migrations, database_url)
-    url = make_url(database_url)
-    relay = None
-    if url.get_backend_name() == "postgresql":
-        relay = await TcpRelay(url.host or "127.0.0.1", url.port or 5432).start()
-        url = url.set(host="127.0.0.1", port=relay.port)
-    engine = create_engine(url.render_as_string(hide_password=False))
+    outage = Outage(database_url)
     drops: list[int] = []
-    writer = LogWriter(url.render_as_string(hide_password=False), capacity=40, on_drop=drops.append)
+    writer = LogWriter(await outage.start(), capacity=40, on_drop=drops.append)
     writer.start()
     writer.add_detection(detection(0))
     await writer.flush()
-    assert await count(engine) == 1
+    assert await count(outage.engine) == 1
 
-    # The database goes away while requests keep coming: PostgreSQL behind a relay that is cut,
-    # SQLite with its table gone.
-    if relay is not None:
-        await relay.cut()
-    else:
-        async with engine.begin() as connection:
-            await connection.execute(text("ALTER TABLE detections RENAME TO detections_away"))
+    # The database goes away while requests keep coming.
+    await outage.away()
     for n in range(1, 61):
         writer.add_detection(detection(n))  # never blocks, never raises
     await asyncio.sleep(1.0)
@@ -106,26 +144,38 @@ async def test_writer_survives_an_outage_and_counts_what_it_drops(database_url):
     assert writer.dropped == 20 and sum(drops) == 20
 
     # It comes back: everything still buffered is written.
-    if relay is not None:
-        relay = TcpRelay(make_url(database_url).host or "127.0.0.1", make_url(database_url).port or 5432)
-        relay.port = url.port  # the same address the engine knows
-        await relay.start()
-    else:
-        async with engine.begin() as connection:
-            await connection.execute(text("ALTER TABLE detections_away RENAME TO detections"))
-    for _ in range(100):
-        if writer.pending == 0:
-            break
-        await asyncio.sleep(0.2)
-    assert writer.pending == 0
-    assert await count(engine) == 41
-    async with engine.connect() as connection:
+    await outage.back()
+    await drained(writer)
+    assert await count(outage.engine) == 41
+    async with outage.engine.connect() as connection:
         keys = set((await connection.execute(select(Detection.episode_key))).scalars())
     assert keys == {"key-0"} | {f"key-{n}" for n in range(21, 61)}  # the oldest went first
     await writer.close()
-    await engine.dispose()
-    if relay is not None:
-        await relay.cut()
+    await outage.close()
+
+
+async def test_recoveries_during_an_outage_take_no_room_of_their_own(database_url):
+    """Each warning the model moved on from owes a row and a recovery mark. While the database is away, the
+    mark is set on the buffered row, so the buffer holds as many warnings as its size (it once held half)."""
+    outage = Outage(database_url)
+    writer = LogWriter(await outage.start(), capacity=40)
+    writer.start()
+    writer.add_detection(detection(0, session_id="written", episode=1))
+    await writer.flush()
+    await outage.away()
+    writer.add_recovery({"b_tenant": "t1", "b_session_id": "written", "b_task": "task0", "b_episode": 1})
+    for n in range(1, 40):
+        writer.add_detection(detection(n, session_id=f"s-{n}", task="t", episode=1))
+        writer.add_recovery({"b_tenant": "t1", "b_session_id": f"s-{n}", "b_task": "t", "b_episode": 1})
+    await asyncio.sleep(0.5)
+    assert writer.dropped == 0
+    await outage.back()
+    await drained(writer)
+    async with outage.engine.connect() as connection:
+        rows = (await connection.execute(select(Detection.session_id, Detection.recovered))).all()
+    assert len(rows) == 40 and all(recovered for _, recovered in rows)
+    await writer.close()
+    await outage.close()
 
 
 async def _seed(database_url: str) -> None:
@@ -239,3 +289,28 @@ async def test_controls_and_judge_checks_reach_every_replica(database_url):
     assert await first.set_controls("no-such-session", None, disabled=True) == []
     await first.close()
     await second.close()
+
+
+async def test_judge_checks_in_memory_are_bounded(database_url, monkeypatch):
+    """The verdicts the request path reads are kept for the latest judged sessions, each its latest checks; a
+    fresh replica loads no more of the log than that."""
+    monkeypatch.setattr("proxy.store.store.JUDGED_SESSIONS", 3)
+    monkeypatch.setattr("proxy.store.store.CHECKS_PER_SESSION", 4)
+    await asyncio.to_thread(run_migrations, database_url)
+    store = Store(database_url)
+    await store.start()
+    for turn in range(10):
+        store.record_judge_check("t", "long", JudgeCheck("task", turn, 0.2, None, "progress"), "judge", 10)
+    assert [c.turn for c in store.judge_checks("t", "long", "task")] == [6, 7, 8, 9]
+    for n in range(3):
+        store.record_judge_check("t", f"other-{n}", JudgeCheck("task", 1, 0.2, None, "progress"), "judge", 10)
+    assert store.judge_checks("t", "long", "task") == []  # the least recently judged session went
+    assert store.judge_checks("t", "other-0", "task") != []
+    await store.writer.flush()
+    fresh = Store(database_url)
+    await fresh.start()
+    loaded = [(session, check.turn) for session in ("long", "other-0", "other-1", "other-2")
+              for check in fresh.judge_checks("t", session, "task")]
+    assert loaded == [("other-0", 1), ("other-1", 1), ("other-2", 1)]  # the three newest rows of 13
+    await store.close()
+    await fresh.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -25,6 +27,9 @@ class Metrics:
         self.detections = Counter("loopwarden_detections", "Loop episodes, by type, action and mode (enforce, observe)",
                                   ["type", "action", "mode"], registry=r)
         self.open_streams = Gauge("loopwarden_open_streams", "Streams being relayed now", registry=r)
+        # Read when scraped: a count that only grows is a leak (a task per request never finished).
+        self.loop_tasks = Gauge("loopwarden_event_loop_tasks", "Tasks alive on the proxy's event loop", registry=r)
+        self.loop_tasks.set_function(lambda: len(asyncio.all_tasks()))
         self.log_dropped = Counter("loopwarden_log_writes_dropped", "Log records dropped because the buffer was full",
                                    registry=r)
         self.judge_checks = Counter("loopwarden_judge_checks", "Judge checks, by outcome", ["outcome"], registry=r)

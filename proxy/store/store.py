@@ -28,6 +28,8 @@ log = logging.getLogger("loopwarden.store")
 POLL_EVERY = 1.0
 PRUNE_EVERY = 600.0  # seconds between deletions of responses past their retention
 CACHED_RESPONSES = 20_000  # responses kept in memory for chained requests (each bounded, see below)
+JUDGED_SESSIONS = 20_000  # sessions whose judge checks are kept in memory, least recently judged out
+CHECKS_PER_SESSION = 64  # the latest checks of each (the judge checks a task every few turns)
 MAX_CHAIN = 5_000  # responses followed back from one request
 MAX_STORED_TEXT = 16_000  # characters kept of each message's text and each call's arguments
 
@@ -85,7 +87,7 @@ class Store:
         self.engine: AsyncEngine = create_engine(database_url)
         self.writer = LogWriter(database_url, buffer_size, on_drop=on_drop)
         self._controls: dict[tuple[str, str], Controls] = {}
-        self._checks: dict[tuple[str, str], dict[tuple[str, int], JudgeCheck]] = {}
+        self._checks = LRU(JUDGED_SESSIONS)  # (tenant, session) -> LRU of (task, turn) -> JudgeCheck
         self._controls_seen: datetime | None = None
         self._checks_seen = 0
         self._poller: asyncio.Task | None = None
@@ -136,7 +138,9 @@ class Store:
         })
 
     def _remember_check(self, tenant: str, session_id: str, check: JudgeCheck) -> None:
-        self._checks.setdefault((tenant, session_id), {})[(check.task, check.turn)] = check
+        checks = self._checks.get((tenant, session_id)) or LRU(CHECKS_PER_SESSION)
+        checks.put((check.task, check.turn), check)
+        self._checks.put((tenant, session_id), checks)
 
     def session_seen(self, seen) -> None:
         self._tenants.add(seen.tenant)
@@ -283,9 +287,10 @@ class Store:
                 self._controls[(row.tenant, row.session_id)] = Controls(row.disabled, row.reset_at_message)
                 if self._controls_seen is None or row.controls_changed_at > self._controls_seen:
                     self._controls_seen = row.controls_changed_at
-            checks = (await connection.execute(
-                select(JudgeCheckRow).where(JudgeCheckRow.id > self._checks_seen).order_by(JudgeCheckRow.id)
-            )).all()
+            statement = select(JudgeCheckRow).where(JudgeCheckRow.id > self._checks_seen)
+            if not self._checks_seen:  # at start, the newest only: one per session memory keeps
+                statement = statement.order_by(JudgeCheckRow.id.desc()).limit(JUDGED_SESSIONS)
+            checks = sorted((await connection.execute(statement)).all(), key=lambda row: row.id)
             for row in checks:
                 self._remember_check(row.tenant, row.session_id, JudgeCheck(
                     row.task, row.turn, row.confidence, row.confirm_confidence, row.analysis or ""))

@@ -64,6 +64,8 @@ class LogWriter:
         self._lock = threading.Lock()  # the buffer is shared by the proxy's loop and the writer's thread
         self._rows: deque[dict] = deque()  # detection and judge rows, each {"table": ..., "values": ...}
         self._sessions: dict[tuple[str, str], tuple[SessionSeen, int]] = {}
+        # Detections still in the buffer, by episode: a recovery mark for one is set on its rows.
+        self._buffered_episodes: dict[tuple, list[dict]] = {}
         self._in_flight = 0  # a batch on its way to the database
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -97,7 +99,9 @@ class LogWriter:
     # -- the request path: synchronous, O(1), never raises ------------------------------------------------
 
     def add_detection(self, values: dict) -> None:
-        self._add({"table": Detection, "values": values})
+        values.setdefault("recovered", False)  # every row of a batch has the same keys
+        episode = (values["tenant"], values["session_id"], values["task"], values["episode"])
+        self._add({"table": Detection, "values": values, "episode": episode})
 
     def add_judge_check(self, values: dict) -> None:
         self._add({"table": JudgeCheckRow, "values": values})
@@ -107,7 +111,16 @@ class LogWriter:
 
     def add_recovery(self, values: dict) -> None:
         """Mark a task's episode as answered by a model that moved on (b_tenant, b_session_id, b_task,
-        b_episode). Written after the rows before it, so the episode's own row is there first."""
+        b_episode). An episode whose rows are still buffered takes the mark on them (a busy or unreachable
+        database then holds one record per warning, not two); otherwise the mark is written after the rows
+        before it, so the episode's own rows are there first."""
+        key = (values["b_tenant"], values["b_session_id"], values["b_task"], values["b_episode"])
+        with self._lock:
+            buffered = self._buffered_episodes.get(key)
+            if buffered:
+                for row in buffered:
+                    row["recovered"] = True
+                return
         self._add({"table": "recovered", "values": values})
 
     def session_seen(self, seen: SessionSeen) -> None:
@@ -129,13 +142,24 @@ class LogWriter:
         with self._lock:
             dropped = len(self._rows) >= self.capacity
             if dropped:
-                self._rows.popleft()  # the oldest goes: the newest says most about now
+                self._unindex(self._rows.popleft())  # the oldest goes: the newest says most about now
             self._rows.append(row)
+            if "episode" in row:
+                self._buffered_episodes.setdefault(row["episode"], []).append(row["values"])
             full = len(self._rows) >= BATCH
         if dropped:
             self._count_drop(1)
         if full:
             self._poke()
+
+    def _unindex(self, row: dict) -> None:
+        """A row leaves the buffer (for the database, or dropped): later marks are rows of their own. (Under
+        the lock.)"""
+        buffered = self._buffered_episodes.get(row.get("episode"))
+        if buffered is not None:
+            buffered[:] = [values for values in buffered if values is not row["values"]]
+            if not buffered:
+                del self._buffered_episodes[row["episode"]]
 
     def _poke(self) -> None:
         loop, wake = self._loop, self._wake
@@ -244,6 +268,8 @@ class LogWriter:
         """Write one batch; True when a full batch went out and more may be waiting."""
         with self._lock:
             rows = [self._rows.popleft() for _ in range(min(BATCH, len(self._rows)))]
+            for row in rows:
+                self._unindex(row)
             keys = list(itertools.islice(self._sessions, BATCH))
             sessions = [(key, self._sessions.pop(key)) for key in keys]
             self._in_flight = len(rows) + len(sessions)
