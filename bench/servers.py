@@ -26,6 +26,7 @@ def _completion() -> bytes:
     })
 
 
+STREAMING = [0]  # chat streams being written now (a stream whose client left ends at its next write)
 CHANT = "I will read the configuration file again to be sure. "
 
 
@@ -44,6 +45,7 @@ async def upstream_chat(request: web.Request) -> web.StreamResponse:
     chant = "X-Bench-Chant" in request.headers  # the same sentence in every chunk: a stream to be cut
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
+    STREAMING[0] += 1
     try:
         for i in range(STREAM_CHUNKS):
             if pace:
@@ -53,6 +55,8 @@ async def upstream_chat(request: web.Request) -> web.StreamResponse:
         await response.write_eof()
     except ConnectionResetError:  # the client (the proxy, when its own client left) closed the connection
         pass
+    finally:
+        STREAMING[0] -= 1
     return response
 
 
@@ -95,6 +99,7 @@ def upstream_app() -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", upstream_chat)
     app.router.add_post("/v1/responses", upstream_responses)
+    app.router.add_get("/bench/streaming", lambda _: web.json_response(STREAMING[0]))
     return app
 
 
