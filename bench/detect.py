@@ -122,18 +122,22 @@ def main(quick: bool) -> None:
           f"{held_bytes(split(text, 4)) / 1024:.0f} KiB (bounded by the window, whatever the length)\n")
 
     calls = 20_000 if not quick else 4_000
-    raws = [{"id": f"c{i}", "function": {"name": "read_file", "arguments": f'{{"path": "src/m{i % 50}.py"}}'}}
-            for i in range(calls)]
     result = "def handler(request):\n    return respond(request, status=200)\n" * 8
     results = {f"c{i}": (f"{result}# {i % 7}", False) for i in range(calls)}
-    tracker_tools = ToolTracker()
-    started = time.perf_counter()
-    for raw in raws:
-        tracker_tools.add(make_call(raw, results), 5)
-    elapsed = time.perf_counter() - started
     print("## Tool layer\n")
-    print(f"{calls} calls with ~{len(result)}-character results (arguments parsed and compared by value, results "
-          f"masked and hashed): {elapsed / calls * 1e6:.1f} µs per call\n")
+    # A result is masked and hashed only when its call is compared with an earlier one of the same name and
+    # arguments: distinct calls never are, a call repeated always is.
+    for label, paths in (("each new to the calls before it", 50), ("the same call again and again", 1)):
+        raws = [{"id": f"c{i}", "function": {"name": "read_file", "arguments": f'{{"path": "src/m{i % paths}.py"}}'}}
+                for i in range(calls)]
+        tracker_tools = ToolTracker()
+        started = time.perf_counter()
+        for raw in raws:
+            tracker_tools.add(make_call(raw, results), 5)
+        elapsed = time.perf_counter() - started
+        print(f"- {calls} calls with ~{len(result)}-character results, {label}: {elapsed / calls * 1e6:.1f} µs "
+              f"per call")
+    print()
 
 
 def histories(quick: bool) -> None:

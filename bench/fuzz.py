@@ -5,7 +5,7 @@
 The strategies are the ones `make test` draws a bounded subset of (tests/test_fuzz.py). Counts: answers of
 the proxy's own making outside the OpenAI error shape, 5xx for a client's mistake, error log records
 (tracebacks), requests that did not finish within 10 seconds, and upstream streams not passed on byte for
-byte.
+byte (a stream whose text chants, the same delta over and over, is cut as it should be, and counted apart).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.conftest import start_proxy  # noqa: E402
 from tests.fake_upstream import FakeUpstream, Turn  # noqa: E402
-from tests.test_fuzz import Errors, generated, upstream_streams  # noqa: E402
+from tests.test_fuzz import Errors, generated, passed_on, upstream_streams  # noqa: E402
 
 
 async def main(requests: int, streams: int) -> None:
@@ -36,7 +36,7 @@ async def main(requests: int, streams: int) -> None:
     errors = Errors()
     logging.getLogger().addHandler(errors)
     counts = {"requests": 0, "not_openai_shape": 0, "server_error_for_client_mistake": 0, "hangs": 0,
-              "streams": 0, "streams_changed": 0}
+              "streams": 0, "streams_changed": 0, "streams_cut": 0}
     began = time.perf_counter()
     timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -66,8 +66,11 @@ async def main(requests: int, streams: int) -> None:
             body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go"}], "input": "go"}
             try:
                 async with http.post(f"{proxy.url}{path}", json=body) as answer:
-                    if answer.status != 200 or await answer.read() != stream:
+                    got = await answer.read()
+                    if answer.status != 200 or not passed_on(stream, got):
                         counts["streams_changed"] += 1
+                    elif got != stream:
+                        counts["streams_cut"] += 1  # the same text over and over: cut, as it should be
             except asyncio.TimeoutError:
                 counts["hangs"] += 1
     logging.getLogger().removeHandler(errors)
@@ -77,8 +80,13 @@ async def main(requests: int, streams: int) -> None:
     print(f"# Generated bad input: {counts['requests']:,} requests and {counts['streams']:,} upstream streams "
           f"in {elapsed:.0f} s\n")
     print("| figure | count |\n|---|---|")
-    for name in ("not_openai_shape", "server_error_for_client_mistake", "hangs", "streams_changed"):
-        print(f"| {name.replace('_', ' ')} | {counts[name]} |")
+    names = {"not_openai_shape": "answers of the proxy's own making outside the OpenAI error shape",
+             "server_error_for_client_mistake": "5xx for a client's mistake",
+             "hangs": "requests that did not finish within 10 s",
+             "streams_changed": "upstream streams not passed on byte for byte (but for a cut)",
+             "streams_cut": "upstream streams whose text chanted, cut (not a fault)"}
+    for name, label in names.items():
+        print(f"| {label} | {counts[name]} |")
     print(f"| error log records (tracebacks) | {len(errors.records)} |")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from overhead import Served, conversation  # noqa: E402
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU time of the process's main thread (the event loop) and of all its other threads (the log writer,
+    the database drivers' threads)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    main = others = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        used = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+        if int(tid) == pid:
+            main += used
+        else:
+            others += used
+    return main, others
 
 
 def rss_mb(pid: int) -> float:
@@ -37,14 +53,16 @@ async def main(sessions: int, concurrency: int) -> None:
     async with Served("scale") as served:
         pid = served.proxy.pid
         print(f"# {sessions:,} distinct sessions, {concurrency} at a time\n")
-        print("| sessions | proxy RSS MB | requests/s since the last row |\n|---|---|---|")
-        print(f"| 0 | {rss_mb(pid):.1f} | |")
+        print("| sessions | proxy RSS MB | requests/s since the last row | event-loop CPU µs per request "
+              "| other threads' CPU µs per request |\n|---|---|---|---|---|")
+        print(f"| 0 | {rss_mb(pid):.1f} | | | |")
+        cpu_mark = cpu_seconds(pid)
         counter = iter(range(sessions))
         done = 0
         mark, began = 0, time.perf_counter()
 
         async def worker(http: aiohttp.ClientSession) -> None:
-            nonlocal done, mark, began
+            nonlocal done, mark, began, cpu_mark
             for n in counter:
                 async with http.post(f"{served.url}/chat/completions", data=bodies[n % 2],
                                      headers={"Content-Type": "application/json",
@@ -52,9 +70,11 @@ async def main(sessions: int, concurrency: int) -> None:
                     await response.read()
                 done += 1
                 if done % 20_000 == 0:
-                    now = time.perf_counter()
-                    print(f"| {done:,} | {rss_mb(pid):.1f} | {(done - mark) / (now - began):.0f} |", flush=True)
-                    mark, began = done, now
+                    now, cpu = time.perf_counter(), cpu_seconds(pid)
+                    per_request = [(cpu[i] - cpu_mark[i]) / (done - mark) * 1e6 for i in (0, 1)]
+                    print(f"| {done:,} | {rss_mb(pid):.1f} | {(done - mark) / (now - began):.0f} | "
+                          f"{per_request[0]:.0f} | {per_request[1]:.0f} |", flush=True)
+                    mark, began, cpu_mark = done, now, cpu
 
         async with aiohttp.ClientSession() as http:
             await asyncio.gather(*(worker(http) for _ in range(concurrency)))

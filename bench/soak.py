@@ -2,12 +2,13 @@
 
     .venv/bin/python bench/soak.py [--minutes 10] [--workers 8]
 
-The load cycles through what agents and operators do: a plain request of a new session; a looping session
-taken to its stop (warned, warned again, refused); a 200-chunk stream; a stream that chants and is cut; the
-admin API's stats and detection list, and /metrics. Every answer is checked for what it should be (a warning
-where one is due, the stop, the cut, a whole stream), and anything else counts as an error. Each window
-reports requests/s, errors, the p99 of the non-streamed requests, and the proxy's resident memory, open
-descriptors and event-loop tasks; at the end, the memory slope over the second half of the run.
+The workers cycle through what agents do: a plain request of a new session; a looping session taken to
+its stop (warned, warned again, refused); a 200-chunk stream; a stream that chants and is cut. An operator
+refreshes the overview every 10 s as the web page does (stats, timeline and detections for the last hour)
+and reads /metrics. Every answer is checked for what it should be (a warning where one is due, the stop,
+the cut, a whole stream), and anything else counts as an error. Each window reports requests/s, errors,
+the p99 of the agents' non-streamed requests, the slowest overview refresh, and the proxy's resident
+memory, open descriptors and event-loop tasks; at the end, the memory slope over the second half.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ class Window:
     def __init__(self) -> None:
         self.requests = 0
         self.errors: list[str] = []
-        self.latencies: list[float] = []
+        self.latencies: list[float] = []  # the agents' non-streamed requests
+        self.refreshes: list[float] = []  # the operator's overview, whole
 
 
 class Soak:
@@ -91,26 +93,35 @@ class Soak:
         elif not chant and events != 201:
             self.error(f"stream: {events} events")
 
-    async def admin(self) -> None:
-        for path in ("/loopwarden/api/stats?since=1h", "/loopwarden/api/detections?limit=50", "/metrics"):
-            started = time.perf_counter()
+    async def refresh(self) -> None:
+        started = time.perf_counter()
+        for path in ("/loopwarden/api/stats?since=1h", "/loopwarden/api/timeline?since=1h",
+                     "/loopwarden/api/detections?since=1h&limit=50", "/metrics"):
             async with self.http.get(f"http://127.0.0.1:{self.served.port}{path}") as response:
                 await response.read()
                 self.window.requests += 1
                 if response.status != 200:
                     self.error(f"{path}: {response.status}")
-            self.window.latencies.append(time.perf_counter() - started)
+        self.window.refreshes.append(time.perf_counter() - started)
+
+    async def guarded(self, scenario) -> None:
+        try:
+            await scenario()
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
+            self.error(f"{type(exc).__name__}: {exc}")
 
     async def worker(self, deadline: float) -> None:
         scenarios = (self.plain, self.plain, self.loop, lambda: self.stream(False), lambda: self.stream(True),
-                     self.plain, self.admin)
+                     self.plain)
         for scenario in itertools.cycle(scenarios):
             if time.monotonic() >= deadline:
                 return
-            try:
-                await scenario()
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
-                self.error(f"{type(exc).__name__}: {exc}")
+            await self.guarded(scenario)
+
+    async def operator(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            await self.guarded(self.refresh)
+            await asyncio.sleep(max(0.0, min(10.0, deadline - time.monotonic())))
 
     async def loop_tasks(self) -> str:
         async with self.http.get(f"http://127.0.0.1:{self.served.port}/metrics") as response:
@@ -131,26 +142,35 @@ async def main(minutes: float, workers: int) -> None:
         soak = Soak(served, http)
         pid = served.proxy.pid
         print(f"# Soak: {minutes:g} minutes, {workers} workers, mixed load\n")
-        print("| minute | requests/s | errors | p99 ms | RSS MB | descriptors | loop tasks |")
-        print("|---|---|---|---|---|---|---|")
-        print(f"| 0 | | | | {rss_mb(pid):.1f} | {fds(pid)} | {await soak.loop_tasks()} |", flush=True)
+        print("| minute | requests/s | errors | agents' p99 ms | slowest overview ms | RSS MB | descriptors "
+              "| loop tasks |")
+        print("|---|---|---|---|---|---|---|---|")
+        print(f"| 0 | | | | | {rss_mb(pid):.1f} | {fds(pid)} | {await soak.loop_tasks()} |", flush=True)
         started = time.monotonic()
         deadline = started + minutes * 60
         running = [asyncio.create_task(soak.worker(deadline)) for _ in range(workers)]
+        running.append(asyncio.create_task(soak.operator(deadline)))
         memory: list[tuple[float, float]] = []
         p99s: list[float] = []
         errors: list[str] = []
+        window_began = started
         while not all(task.done() for task in running):
             await asyncio.wait(running, timeout=WINDOW)
             window, soak.window = soak.window, Window()
-            at = (time.monotonic() - started) / 60
+            now = time.monotonic()
+            length, window_began = now - window_began, now
+            if length < 1.0:  # the last requests finishing after the deadline
+                errors += window.errors
+                continue
+            at = (now - started) / 60
             rss = rss_mb(pid)
             memory.append((at, rss))
             p99 = pct(window.latencies, .99) * 1000 if window.latencies else 0.0
             p99s.append(p99)
             errors += window.errors
-            print(f"| {at:.1f} | {window.requests / WINDOW:.0f} | {len(window.errors)} | {p99:.1f} | {rss:.1f} | "
-                  f"{fds(pid)} | {await soak.loop_tasks()} |", flush=True)
+            slowest = max(window.refreshes, default=0.0) * 1000
+            print(f"| {at:.1f} | {window.requests / length:.0f} | {len(window.errors)} | {p99:.1f} | {slowest:.0f} | "
+                  f"{rss:.1f} | {fds(pid)} | {await soak.loop_tasks()} |", flush=True)
         await asyncio.gather(*running)
         second_half = [point for point in memory if point[0] >= minutes / 2]
         print(f"\nRSS slope over the second half: {slope(second_half):+.2f} MB/minute; "

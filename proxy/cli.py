@@ -148,6 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 # caches and the log buffer hold, and with the default it came every 2 s under a stream of new sessions
 # (30-60 ms each, every request in flight held); now about once a minute.
 COLLECTOR_THRESHOLDS = (10_000, 10, 10)
+# A client connection idle this long is closed: between requests, and before its first request is complete
+# (headers trickled a byte at a time hold a connection no longer than this).
+CLIENT_IDLE_TIMEOUT = 75.0
 
 
 async def _settle_heap(app) -> None:
@@ -173,6 +176,6 @@ def _serve(settings: Settings, *, migrate: bool) -> int:
         "loopwarden listening on http://%s:%s, upstream %s", settings.host, settings.port, settings.upstream_url
     )
     web.run_app(app, host=settings.host, port=settings.port, shutdown_timeout=settings.shutdown_grace,
-                handler_cancellation=True, print=None,
+                handler_cancellation=True, print=None, keepalive_timeout=CLIENT_IDLE_TIMEOUT,
                 access_log=logging.getLogger("aiohttp.access") if settings.log_level == "debug" else None)
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 
 import aiohttp
@@ -275,6 +276,48 @@ async def test_client_going_away_stops_the_upstream_read(upstream, proxy):
     await asyncio.sleep(0.2)
     assert not record.completed
     assert record.sent < record.planned / 2
+
+
+async def event_loop_tasks(proxy) -> float:
+    async with aiohttp.ClientSession() as http, http.get(f"{proxy.root}/metrics") as response:
+        return float(re.search(r"^loopwarden_event_loop_tasks (\S+)$", await response.text(), re.M).group(1))
+
+
+async def test_clients_that_leave_leave_no_task_behind(upstream, proxy):
+    """Clients leaving mid-stream, before the upstream answers, and while sending their body: within a second
+    the proxy's event loop holds as many tasks as before (the gauge /metrics shows operators)."""
+    before = await event_loop_tasks(proxy)
+    prose = "".join(f"Sentence {i} is about file_{i * 7}.py. " for i in range(100))
+    body = orjson.dumps({"model": "m", "messages": MESSAGES, "stream": True})
+    for _ in range(5):
+        upstream.script.append(Turn(content=prose, chunk_chars=5, delay=0.01))
+    for _ in range(5):
+        upstream.script.append(Turn(content="late", latency=5.0))
+    async with aiohttp.ClientSession() as http:
+        for _ in range(5):  # mid-stream
+            response = await http.post(f"{proxy.url}/chat/completions", data=body,
+                                       headers={"Content-Type": "application/json"})
+            await response.content.readany()
+            response.close()
+        waiting = [asyncio.create_task(http.post(f"{proxy.url}/chat/completions", json={"model": "m",
+                                                                                         "messages": MESSAGES}))
+                   for _ in range(5)]
+        await asyncio.sleep(0.3)
+        assert await event_loop_tasks(proxy) >= before + 5  # the proxy is waiting on the upstream for them
+        for task in waiting:  # before the upstream answers
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+    for _ in range(5):  # while sending the body: a head promising more than comes
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100000\r\n\r\n{\"model\": \"m\", \"messages\": [")
+        await writer.drain()
+        writer.close()
+    for _ in range(50):
+        if await event_loop_tasks(proxy) <= before:
+            break
+        await asyncio.sleep(0.02)
+    assert await event_loop_tasks(proxy) == before
 
 
 async def test_unknown_route_is_openai_shaped_404(proxy):

@@ -105,3 +105,18 @@ async def test_a_50_mb_answer_arrives_whole(upstream, proxy, streamed):
             received = await response.read()
     assert response.status == 200 and len(received) == len(answer) and received == answer
     await healthy(proxy, upstream)
+
+
+async def test_an_upstream_that_stalls_mid_stream_ends_the_stream_with_an_error(upstream, proxy_factory):
+    """Headers sent, then silence longer than UPSTREAM_READ_TIMEOUT: the client gets the stream so far and
+    an error event (the SDK raises), and the proxy serves the next request."""
+    running = await proxy_factory(upstream.url, upstream_read_timeout=0.3)
+    upstream.script.append(Turn(content="a sentence that never ends", chunk_chars=5, delay=1.0))
+    client = openai.AsyncOpenAI(base_url=running.url, api_key="sk-test", max_retries=0)
+    stream = await client.chat.completions.create(model="m", messages=CHAT["messages"], stream=True)
+    with pytest.raises(openai.APIError) as caught:
+        async for _ in stream:
+            pass
+    assert "upstream" in str(caught.value.message)
+    await client.close()
+    await healthy(running, upstream)
