@@ -148,9 +148,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 # caches and the log buffer hold, and with the default it came every 2 s under a stream of new sessions
 # (30-60 ms each, every request in flight held); now about once a minute.
 COLLECTOR_THRESHOLDS = (10_000, 10, 10)
-# A client connection idle this long is closed: between requests, and before its first request is complete
-# (headers trickled a byte at a time hold a connection no longer than this).
-CLIENT_IDLE_TIMEOUT = 75.0
 
 
 async def _settle_heap(app) -> None:
@@ -164,7 +161,7 @@ async def _settle_heap(app) -> None:
 def _serve(settings: Settings, *, migrate: bool) -> int:
     from aiohttp import web
 
-    from proxy.server.app import create_app
+    from proxy.server.app import CLIENT_IDLE_TIMEOUT, create_app
 
     if migrate:
         from proxy.store.database import run_migrations

@@ -155,6 +155,47 @@ async def test_passthrough_models_embeddings_and_unknown_paths(upstream, proxy):
     assert echoed["headers"]["authorization"] == "Bearer sk-test"
 
 
+async def test_a_chunked_body_over_the_limit_is_413_on_every_path(upstream, proxy_factory):
+    """No Content-Length to refuse it by: the size is counted as the body arrives. On a relayed path that
+    once came back as a 502 upstream failure."""
+    running = await proxy_factory(upstream.url, max_body_bytes=1000)
+
+    async def chunks():
+        for _ in range(10):
+            yield b'{"input": "' + b"y" * 500
+
+    async with aiohttp.ClientSession() as http:
+        for path in ("/embeddings", "/chat/completions"):
+            async with http.post(f"{running.url}{path}", data=chunks(),
+                                 headers={"Content-Type": "application/json"}) as response:
+                assert (response.status, (await response.json())["error"]["code"]) == (413, "request_too_large")
+
+
+async def test_a_body_that_stops_arriving_is_answered_408(upstream, proxy_factory, monkeypatch):
+    """A client that sends its head and part of its body, then nothing: answered once the idle timeout has
+    passed, in the OpenAI shape, on a watched path and on a relayed one; nothing is left behind."""
+    monkeypatch.setattr("proxy.server.app.CLIENT_IDLE_TIMEOUT", 0.3)
+    running = await proxy_factory(upstream.url)
+    before = await event_loop_tasks(running)
+    for path in ("/v1/chat/completions", "/v1/embeddings"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
+        writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "Content-Length: 1000\r\n\r\n{\"model\": \"m\", ".encode())
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 408 ")
+        length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+        error = orjson.loads(await reader.readexactly(length))["error"]
+        assert (error["type"], error["code"]) == ("invalid_request_error", "request_timeout")
+        writer.close()
+    assert not any(r.path == "/v1/chat/completions" for r in upstream.requests)
+    for _ in range(50):
+        if await event_loop_tasks(running) <= before:
+            break
+        await asyncio.sleep(0.02)
+    assert await event_loop_tasks(running) == before
+
+
 async def test_upstream_api_key_replaces_client_authorization(upstream, proxy_factory):
     running = await proxy_factory(upstream.url, upstream_api_key="sk-real")
     client = openai.AsyncOpenAI(base_url=running.url, api_key="sk-client", max_retries=0)

@@ -39,6 +39,9 @@ GUARD = web.AppKey("guard", guard_module.Guard)
 METRICS = web.AppKey("metrics", Metrics)
 
 _STREAM_CHUNK = 64 * 1024
+# A client connection idle this long is closed: between requests, before its request's head is complete
+# (headers trickled a byte at a time), and while its body has stopped arriving (answered 408).
+CLIENT_IDLE_TIMEOUT = 75.0
 
 
 @web.middleware
@@ -50,6 +53,9 @@ async def openai_errors(request: web.Request, handler) -> web.StreamResponse:
         limit = request.app[SETTINGS].max_body_bytes
         return json_error(413, f"request body is larger than the limit of {limit} bytes",
                           "invalid_request_error", "request_too_large")
+    except web.HTTPRequestTimeout:
+        return json_error(408, f"request body stopped arriving: nothing for {CLIENT_IDLE_TIMEOUT:g} s",
+                          "invalid_request_error", "request_timeout")
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -86,7 +92,10 @@ async def _inspected(request: web.Request, dialect) -> web.StreamResponse:
     if "json" not in content_type.lower():
         return json_error(400, f"Content-Type must be application/json, got {content_type!r}",
                           "invalid_request_error", "invalid_content_type")
-    raw = await request.read()
+    if request.content.is_eof():  # as usual, the whole body came with the head
+        raw = await request.read()
+    else:
+        raw = b"".join([chunk async for chunk in _body(request, settings.max_body_bytes)])
     if not raw.strip():
         return json_error(400, "request body is empty; expected a JSON object", "invalid_request_error",
                           "invalid_json")
@@ -236,7 +245,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     headers = upstream_headers(request, settings, identity=False)
     if request.content_length is not None:
         headers["Content-Length"] = str(request.content_length)
-    data = _limited_body(request, settings.max_body_bytes) if request.body_exists else None
+    data = _body(request, settings.max_body_bytes) if request.body_exists else None
     url = upstream_url(settings, request.path[len("/v1"):], request.query_string)
     async with open_upstream(request.app[CLIENT], request.method, url, headers, data) as upstream:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
@@ -263,9 +272,18 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         return response
 
 
-async def _limited_body(request: web.Request, limit: int) -> AsyncIterator[bytes]:
+async def _body(request: web.Request, limit: int) -> AsyncIterator[bytes]:
+    """The request's body as it arrives, within the size limit. A body that stops arriving is answered 408
+    after CLIENT_IDLE_TIMEOUT without a byte, so a client trickling it holds nothing for ever."""
     seen = 0
-    async for chunk in request.content.iter_chunked(_STREAM_CHUNK):
+    while True:
+        try:
+            async with asyncio.timeout(CLIENT_IDLE_TIMEOUT):
+                chunk = await request.content.readany()
+        except TimeoutError:
+            raise web.HTTPRequestTimeout() from None
+        if not chunk:
+            return
         seen += len(chunk)
         if seen > limit:
             raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=seen)

@@ -91,6 +91,8 @@ async def open_upstream(session: aiohttp.ClientSession, method: str, url: str, h
     except aiohttp.ClientConnectorError as exc:
         raise UpstreamFailure(502, "upstream_unreachable", f"upstream unreachable: {exc.os_error or exc}") from exc
     except aiohttp.ClientError as exc:
+        if isinstance(exc.__cause__, web.HTTPException):  # the client's body failed (too large, stopped coming)
+            raise exc.__cause__ from None
         raise UpstreamFailure(502, "upstream_unreachable", f"upstream connection failed: {exc}") from exc
     try:
         yield response
