@@ -54,6 +54,7 @@ class Received:
     query: str
     headers: CIMultiDict[str]  # case-insensitive, as HTTP header names are
     body: bytes
+    target: str = ""  # the path and query as sent, still percent-encoded
 
     @property
     def json(self) -> Any:
@@ -126,7 +127,8 @@ class FakeUpstream:
 
     async def _record(self, request: web.Request) -> Received:
         received = Received(
-            request.method, request.path, request.query_string, CIMultiDict(request.headers), await request.read()
+            request.method, request.path, request.query_string, CIMultiDict(request.headers), await request.read(),
+            request.raw_path,
         )
         self.requests.append(received)
         return received

@@ -155,6 +155,28 @@ async def test_passthrough_models_embeddings_and_unknown_paths(upstream, proxy):
     assert echoed["headers"]["authorization"] == "Bearer sk-test"
 
 
+async def _raw_get(port: int, target: str) -> tuple[int, bytes]:
+    """A request sent as written: no client library resolves its `..` or re-encodes it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    answer = await reader.read()
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+async def test_paths_and_queries_reach_the_upstream_as_encoded_and_never_climb_out_of_v1(upstream, proxy):
+    for target in ("/v1/files/a%2Fb?name=a%26b&dots=%2e%2e", "/v1/chat/completions?api-version=2024%2D10"):
+        await _raw_get(proxy.port, target)
+        assert upstream.requests[-1].target == target  # %2F and %26 keep their meaning
+    seen = len(upstream.requests)
+    for target in ("/v1/%2e%2e/%2e%2e/etc/passwd", "/v1/../../admin", "/v1/models/%2F..%2F..%2Fkeys",
+                   "/v1/./models", "/v1/models/..%5C..%5Cx"):
+        status, body = await _raw_get(proxy.port, target)
+        assert (status, orjson.loads(body)["error"]["code"]) == (400, "invalid_path"), target
+    assert len(upstream.requests) == seen
+
+
 async def test_a_chunked_body_over_the_limit_is_413_on_every_path(upstream, proxy_factory):
     """No Content-Length to refuse it by: the size is counted as the body arrives. On a relayed path that
     once came back as a 502 upstream failure."""

@@ -59,3 +59,34 @@ async def test_debug_logging_is_loopwardens_own_and_the_access_log(upstream, tmp
     assert any(" aiohttp.access: " in line and "POST /v1/chat/completions" in line for line in lines)
     debug_sources = {line.split(" DEBUG ")[1].split(":")[0] for line in lines if " DEBUG " in line}
     assert debug_sources and all(name.startswith("loopwarden") for name in debug_sources), debug_sources
+
+
+async def test_a_malformed_request_is_refused_without_a_traceback(upstream, tmp_path):
+    """Not HTTP, conflicting lengths, a header over 8 KB: the HTTP parser answers 400 before any route, and
+    the log holds no traceback for the client's mistake (with --log-level debug, one line each). They never
+    reach a route, so the answer is aiohttp's plain-text 400, not the OpenAI shape: no client library can
+    send such a request."""
+    heads = [b"GARBAGE\r\n\r\n",
+             b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+             b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+             b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n"]
+    for level in ("info", "debug"):
+        process, port = await _serve(f"sqlite+aiosqlite:///{tmp_path}/{level}.db", upstream.url, log_level=level)
+        try:
+            for head in heads:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(head)
+                answer = await asyncio.wait_for(reader.read(), 5)
+                writer.close()
+                assert answer.startswith((b"HTTP/1.0 400 ", b"HTTP/1.1 400 ")), answer[:80]
+            process.send_signal(signal.SIGTERM)
+            _, stderr = await asyncio.to_thread(process.communicate, timeout=30)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                process.communicate()
+        log = stderr.decode()
+        assert "Traceback" not in log and " ERROR " not in log, log[-2000:]
+        refused = [line for line in log.splitlines() if "refused a malformed request" in line]
+        # Not HTTP at all (a scanner, TLS on the plain port) is aiohttp's own debug line, left out of both.
+        assert len(refused) == (len(heads) - 1 if level == "debug" else 0), log[-2000:]

@@ -9,6 +9,7 @@ import zlib
 from typing import AsyncIterator
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 import orjson
 from aiohttp import web
 
@@ -18,6 +19,7 @@ from proxy.server import guard as guard_module
 from proxy.server.metrics import Metrics
 from proxy.server.upstream import (
     UpstreamFailure,
+    climbs,
     client_headers,
     is_read_failure,
     json_error,
@@ -117,7 +119,7 @@ async def _inspected(request: web.Request, dialect) -> web.StreamResponse:
     if exchange.stop is not None:
         return exchange.stop
     headers = upstream_headers(request, settings, identity=True)
-    url = upstream_url(settings, dialect.path, request.query_string)
+    url = upstream_url(settings, dialect.path, request.rel_url.raw_query_string)
     sent = time.perf_counter()
     metrics.overhead.observe(sent - began)
     async with open_upstream(request.app[CLIENT], "POST", url, headers, exchange.body) as upstream:
@@ -241,12 +243,16 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
 async def passthrough(request: web.Request) -> web.StreamResponse:
     """Any other /v1/ path: method, query, headers, body and status, streamed both ways."""
     settings = request.app[SETTINGS]
+    tail = request.rel_url.raw_path[len("/v1"):]
+    if climbs(tail):
+        return json_error(400, "the path may not leave /v1/: '.' and '..' segments, plain or encoded, are refused",
+                          "invalid_request_error", "invalid_path")
     _check_length(request)
     headers = upstream_headers(request, settings, identity=False)
     if request.content_length is not None:
         headers["Content-Length"] = str(request.content_length)
     data = _body(request, settings.max_body_bytes) if request.body_exists else None
-    url = upstream_url(settings, request.path[len("/v1"):], request.query_string)
+    url = upstream_url(settings, tail, request.rel_url.raw_query_string)
     async with open_upstream(request.app[CLIENT], request.method, url, headers, data) as upstream:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
                                       headers=client_headers(upstream))
@@ -312,7 +318,20 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok" if ready else "unavailable"}, status=200 if ready else 503)
 
 
+def malformed_requests_in_one_line(record: logging.LogRecord) -> bool:
+    """aiohttp logs a request it cannot parse (not HTTP, conflicting lengths, a header over 8 KB) as an error
+    with a traceback. It is the client's mistake, already answered 400: one debug line says so instead."""
+    exc = record.exc_info[1] if record.exc_info else None
+    if not isinstance(exc, HttpProcessingError):
+        return True
+    reason = (exc.message or "").strip().splitlines()
+    log.debug("refused a malformed request from %s: %s", record.args[0] if record.args else "?",
+              reason[0] if reason else exc)
+    return False
+
+
 def create_app(settings: Settings) -> web.Application:
+    logging.getLogger("aiohttp.server").addFilter(malformed_requests_in_one_line)  # once: the same function
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[count_requests, openai_errors])
     metrics = Metrics()
     store = Store(settings.database_url, settings.log_buffer_size, on_drop=metrics.log_dropped.inc,

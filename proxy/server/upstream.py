@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from contextlib import asynccontextmanager
+from urllib.parse import unquote
 from typing import AsyncIterator, Mapping
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+from yarl import URL
 
 from proxy.config import Settings
 from proxy.wire.errors import error_body
@@ -67,9 +70,18 @@ def client_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
     return headers
 
 
-def upstream_url(settings: Settings, path_after_v1: str, query: str = "") -> str:
-    url = settings.upstream_url.rstrip("/") + path_after_v1
-    return f"{url}?{query}" if query else url
+def upstream_url(settings: Settings, raw_path_after_v1: str, raw_query: str = "") -> URL:
+    """The upstream URL for a path under /v1, with the path and query as the client encoded them: decoded and
+    encoded again, `%2F` or `%26` would change meaning, and `..` would be resolved."""
+    base = str(URL(settings.upstream_url)).rstrip("/")
+    return URL(base + raw_path_after_v1 + (f"?{raw_query}" if raw_query else ""), encoded=True)
+
+
+def climbs(raw_path: str) -> bool:
+    """Whether a path has a dot segment, plain or percent-encoded (`%2e%2e`, or behind an encoded slash): joined
+    to the upstream's base path, it would reach outside it."""
+    return any(part in (".", "..") for segment in raw_path.split("/")
+               for part in re.split(r"[/\\]", unquote(segment)))
 
 
 def make_client_session(settings: Settings) -> aiohttp.ClientSession:
@@ -81,7 +93,7 @@ def make_client_session(settings: Settings) -> aiohttp.ClientSession:
 
 
 @asynccontextmanager
-async def open_upstream(session: aiohttp.ClientSession, method: str, url: str, headers: CIMultiDict[str],
+async def open_upstream(session: aiohttp.ClientSession, method: str, url: URL, headers: CIMultiDict[str],
                         data) -> AsyncIterator[aiohttp.ClientResponse]:
     """Send the request; failures before a response are raised as UpstreamFailure."""
     try:
