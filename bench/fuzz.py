@@ -1,8 +1,10 @@
 """Generated bad input at volume: request bodies and upstream streams, counted.
 
-    .venv/bin/python bench/fuzz.py [--requests 10000] [--streams 2500]
+    .venv/bin/python bench/fuzz.py [--requests 10000] [--raw 5000] [--streams 2500]
 
-The strategies are the ones `make test` draws a bounded subset of (tests/test_fuzz.py). Counts: answers of
+The strategies are the ones `make test` draws a bounded subset of (tests/test_fuzz.py): request bodies, whole
+HTTP requests written to a socket (odd methods, paths and encodings, framing, duplicated and huge headers),
+and upstream streams. Counts: answers of
 the proxy's own making outside the OpenAI error shape, 5xx for a client's mistake, error log records
 (tracebacks), requests that did not finish within 10 seconds, and upstream streams not passed on byte for
 byte (a stream whose text chants, the same delta over and over, is cut as it should be, and counted apart).
@@ -26,17 +28,18 @@ sys.path.insert(0, str(ROOT))
 
 from tests.conftest import start_proxy  # noqa: E402
 from tests.fake_upstream import FakeUpstream, Turn  # noqa: E402
-from tests.test_fuzz import Errors, generated, passed_on, upstream_streams  # noqa: E402
+from tests.test_fuzz import Errors, check_raw, generated, passed_on, raw_request, raw_requests, send_raw, upstream_streams  # noqa: E402,E501
 
 
-async def main(requests: int, streams: int) -> None:
+async def main(requests: int, raw: int, streams: int) -> None:
     upstream = await FakeUpstream().start()
     proxy = await start_proxy(upstream_url=upstream.url, llm_check=False,
                               database_url=f"sqlite+aiosqlite:///{tempfile.mkdtemp()}/fuzz.db")
     errors = Errors()
     logging.getLogger().addHandler(errors)
     counts = {"requests": 0, "not_openai_shape": 0, "server_error_for_client_mistake": 0, "hangs": 0,
-              "streams": 0, "streams_changed": 0, "streams_cut": 0}
+              "raw": 0, "streams": 0, "streams_changed": 0, "streams_cut": 0}
+    problems: list[tuple[str, bytes]] = []
     began = time.perf_counter()
     timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -59,6 +62,18 @@ async def main(requests: int, streams: int) -> None:
                     assert isinstance(error["message"], str) and error["type"]
                 except (ValueError, KeyError, TypeError, AssertionError):
                     counts["not_openai_shape"] += 1
+        for parts in raw_requests(raw):
+            counts["raw"] += 1
+            before = len(upstream.requests)
+            try:
+                status, headers, body = await send_raw(proxy.port, parts)
+            except asyncio.TimeoutError:
+                counts["hangs"] += 1
+                continue
+            problem = check_raw(parts, status, headers, body, len(upstream.requests) > before)
+            if problem is not None:
+                counts["server_error_for_client_mistake" if problem[0] == "5" else "not_openai_shape"] += 1
+                problems.append((problem, raw_request(*parts)[:400]))
         for n, stream in enumerate(upstream_streams(streams)):
             counts["streams"] += 1
             upstream.script.append(Turn(raw_body=stream, headers={"Content-Type": "text/event-stream"}))
@@ -77,8 +92,8 @@ async def main(requests: int, streams: int) -> None:
     elapsed = time.perf_counter() - began
     await proxy.runner.cleanup()
     await upstream.close()
-    print(f"# Generated bad input: {counts['requests']:,} requests and {counts['streams']:,} upstream streams "
-          f"in {elapsed:.0f} s\n")
+    print(f"# Generated bad input: {counts['requests']:,} request bodies, {counts['raw']:,} whole requests and "
+          f"{counts['streams']:,} upstream streams in {elapsed:.0f} s\n")
     print("| figure | count |\n|---|---|")
     names = {"not_openai_shape": "answers of the proxy's own making outside the OpenAI error shape",
              "server_error_for_client_mistake": "5xx for a client's mistake",
@@ -88,11 +103,14 @@ async def main(requests: int, streams: int) -> None:
     for name, label in names.items():
         print(f"| {label} | {counts[name]} |")
     print(f"| error log records (tracebacks) | {len(errors.records)} |")
+    for problem, request in problems[:10]:
+        print(f"\n{problem}, for:\n    {request!r}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--raw", type=int, default=5_000)
     parser.add_argument("--streams", type=int, default=2_500)
     args = parser.parse_args()
-    asyncio.run(main(args.requests, args.streams))
+    asyncio.run(main(args.requests, args.raw, args.streams))

@@ -3,6 +3,7 @@ shape or passes the upstream's answer on; never a 500 of its own, never a traceb
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 
@@ -60,6 +61,100 @@ RAW = st.one_of(st.binary(max_size=200), st.sampled_from([b"", b"{", b"[]", b"nu
                                                           b'{"input": {}}', b"\xff\xfe", b'{"a": "\\ud800"}']))
 
 
+# Whole HTTP requests, written to a socket as generated: odd methods, paths and encodings, Content-Types,
+# framing (none, conflicting, short, broken chunks), duplicated and huge headers.
+PATHS = st.sampled_from(["/v1/chat/completions", "/v1/responses", "/v1/models", "/v1/embeddings", "/v1", "/",
+                         "/v1/%2e%2e/%2e%2e/etc/passwd", "/v1/../admin", "/v1/models/%2F..%2Fx", "/v1//x", "/v1/%00",
+                         "/v1/%ZZ", "/v1/caf%C3%A9", "/v1/" + "a" * 3000, "/loopwarden/api/stats", "/healthz",
+                         "/loopwarden/api/sessions/%2e%2e", "/loopwarden/api/detections", "/metrics", "*"])
+QUERIES = st.sampled_from(["", "?x=1", "?x=%2e%2e&y=a%26b", "?%ZZ", "?" + "q" * 2000, "?since=-5d", "?limit=abc",
+                           "?since=1h&limit=0", "?cursor=%00"])
+CONTENT_TYPES = st.sampled_from([None, "application/json", "text/plain", "application/json; charset=latin-1", "",
+                                 "multipart/form-data; boundary=x", "application/x-www-form-urlencoded", "JSON"])
+HEADERS = st.lists(st.tuples(
+    st.sampled_from(["X-Loopwarden-Session", "X-Loopwarden-Mode", "X-Loopwarden-Disable", "Authorization",
+                     "Accept-Encoding", "Session-Id", "X-Custom", "Content-Encoding", "Expect", "Host"]),
+    st.one_of(st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=30),
+              st.sampled_from(["", "observe,plan", "gzip", "100-continue", "Bearer " + "k" * 5000, "a" * 9000]))),
+    max_size=4)
+FRAMINGS = st.sampled_from(["length", "chunked", "none", "both", "short", "duplicate", "bad chunk"])
+METHODS = st.sampled_from(["POST", "POST", "GET", "PUT", "DELETE", "OPTIONS", "HEAD", "PATCH", "BREW"])
+REQUESTS = st.builds(lambda *parts: parts, METHODS, PATHS, QUERIES, CONTENT_TYPES, HEADERS, FRAMINGS,
+                     st.one_of(CHAT_BODIES.map(orjson.dumps), RAW))
+
+
+def raw_request(method: str, path: str, query: str, content_type: str | None, headers: list, framing: str,
+                body: bytes) -> bytes:
+    lines = [f"{method} {path}{query} HTTP/1.1", "Host: 127.0.0.1", "Connection: close"]
+    lines += [f"Content-Type: {content_type}"] if content_type is not None else []
+    lines += [f"{name}: {value}" for name, value in headers]
+    framed = {"length": [f"Content-Length: {len(body)}"], "short": [f"Content-Length: {len(body) + 10}"],
+              "chunked": ["Transfer-Encoding: chunked"], "bad chunk": ["Transfer-Encoding: chunked"],
+              "both": [f"Content-Length: {len(body)}", "Transfer-Encoding: chunked"], "none": [],
+              "duplicate": [f"Content-Length: {len(body)}", f"Content-Length: {len(body) + 1}"]}[framing]
+    head = "\r\n".join(lines + framed).encode("latin-1") + b"\r\n\r\n"
+    if framing == "none":
+        return head
+    if framing in ("chunked", "both"):
+        half = len(body) // 2
+        return head + b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:half], body[half:]) if part) \
+            + b"0\r\n\r\n"
+    if framing == "bad chunk":
+        return head + b"zz\r\n" + body + b"\r\n0\r\n\r\n"
+    return head + body
+
+
+def raw_requests(count: int) -> list[tuple]:
+    found: list[tuple] = []
+
+    @settings(max_examples=count, suppress_health_check=list(HealthCheck), deadline=None, database=None)
+    @given(REQUESTS)
+    def collect(parts):
+        found.append(parts)
+
+    collect()
+    return found
+
+
+async def send_raw(port: int, parts: tuple) -> tuple[int | None, dict, bytes]:
+    """Write the request (a short body: then no more, as a client that stops sending), read what comes back:
+    (status, headers, body), or (None, {}, b"") when the connection closed without an answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(raw_request(*parts))
+        if parts[5] == "short":
+            writer.write_eof()
+        answer = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    if not answer:
+        return None, {}, b""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in header_lines)}
+    return int(status_line.split()[1]), headers, body
+
+
+def check_raw(parts: tuple, status: int | None, headers: dict, body: bytes, sent_upstream: bool) -> str | None:
+    """What is wrong with the answer to a generated request, if anything. aiohttp answers in plain text before
+    any route is chosen: the parser's 400 for what is not valid HTTP, and 417 for an unknown `Expect` where
+    no route of that method serves the path (the routes answer it in the OpenAI shape: tested below)."""
+    if status is None or sent_upstream or status < 400:
+        return None
+    if status >= 500:
+        return f"{status} for a client's mistake: {body[:200]!r}"
+    if headers.get("content-type", "").startswith("text/plain") and status in (400, 417):
+        return None
+    if parts[0] == "HEAD":
+        return None  # no body to carry the error
+    try:
+        error = orjson.loads(body)["error"]
+        assert isinstance(error["message"], str) and error["type"]
+    except (ValueError, KeyError, TypeError, AssertionError):
+        return f"{status} outside the OpenAI shape: {body[:120]!r}"
+    return None
+
+
 class Errors(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.ERROR)
@@ -113,6 +208,42 @@ async def test_generated_bodies_never_break_the_proxy(tmp_path):
         logging.getLogger().removeHandler(errors)
         await proxy.runner.cleanup()
         await upstream.close()
+
+
+async def test_generated_requests_never_break_the_proxy(tmp_path):
+    upstream = await FakeUpstream().start()
+    proxy = await start_proxy(upstream_url=upstream.url, database_url=f"sqlite+aiosqlite:///{tmp_path}/fuzz.db",
+                              llm_check=False)
+    errors = Errors()
+    logging.getLogger().addHandler(errors)
+    try:
+        for parts in raw_requests(int(os.environ.get("LOOPWARDEN_FUZZ_CASES", "400")) // 2):
+            before = len(upstream.requests)
+            status, headers, body = await send_raw(proxy.port, parts)
+            problem = check_raw(parts, status, headers, body, len(upstream.requests) > before)
+            assert problem is None, (problem, raw_request(*parts)[:300])
+        assert errors.records == [], [r.getMessage() for r in errors.records[:3]]
+    finally:
+        logging.getLogger().removeHandler(errors)
+        await proxy.runner.cleanup()
+        await upstream.close()
+
+
+async def test_an_unknown_expectation_is_refused_in_the_openai_shape_and_100_continue_works(upstream, proxy):
+    """curl sends `Expect: 100-continue` for large bodies; anything else is refused 417 on every route."""
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "go"}]})
+    for expect, path in (("gzip", "/v1/chat/completions"), ("x", "/v1/models"), ("y", "/loopwarden/api/stats")):
+        status, headers, answer = await send_raw(proxy.port, ("POST" if "chat" in path else "GET", path, "",
+                                                              "application/json", [("Expect", expect)], "length", body))
+        assert (status, orjson.loads(answer)["error"]["code"]) == (417, "expectation_failed")
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+    assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(body)
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 200 ") and b'"content": "ok"' in answer
 
 
 async def test_the_defects_generated_input_found(upstream, proxy):

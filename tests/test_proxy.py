@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import re
 import socket
 
@@ -175,6 +176,29 @@ async def test_paths_and_queries_reach_the_upstream_as_encoded_and_never_climb_o
         status, body = await _raw_get(proxy.port, target)
         assert (status, orjson.loads(body)["error"]["code"]) == (400, "invalid_path"), target
     assert len(upstream.requests) == seen
+
+
+async def test_compressed_request_bodies_are_read_on_watched_paths_and_relayed_as_they_came(upstream, proxy):
+    """A body the client gzipped: the watched paths read it and send it on decoded (it once went up decoded
+    but still labelled gzip, and the upstream failed on it); the relayed paths pass the compressed bytes on."""
+    body = orjson.dumps({"model": "m", "messages": MESSAGES})
+    squeezed = gzip.compress(body)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.url}/chat/completions", data=squeezed,
+                             headers={"Content-Type": "application/json", "Content-Encoding": "gzip"}) as response:
+            assert response.status == 200
+        sent = upstream.requests[-1]
+        assert "Content-Encoding" not in sent.headers and sent.json == orjson.loads(body)
+        async with http.post(f"{proxy.url}/embeddings", data=squeezed,
+                             headers={"Content-Type": "application/json", "Content-Encoding": "gzip"}) as response:
+            assert response.status == 200
+        sent = upstream.requests[-1]
+        assert (sent.headers["Content-Encoding"], sent.headers["Content-Length"]) == ("gzip", str(len(squeezed)))
+        for encoding, data, status, code in (("br", squeezed, 415, "unsupported_encoding"),
+                                             ("gzip", b"not gzip", 400, "invalid_body")):
+            async with http.post(f"{proxy.url}/chat/completions", data=data,
+                                 headers={"Content-Type": "application/json", "Content-Encoding": encoding}) as response:
+                assert (response.status, (await response.json())["error"]["code"]) == (status, code)
 
 
 async def test_a_chunked_body_over_the_limit_is_413_on_every_path(upstream, proxy_factory):

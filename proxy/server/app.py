@@ -44,6 +44,8 @@ _STREAM_CHUNK = 64 * 1024
 # A client connection idle this long is closed: between requests, before its request's head is complete
 # (headers trickled a byte at a time), and while its body has stopped arriving (answered 408).
 CLIENT_IDLE_TIMEOUT = 75.0
+# The codes of the errors raised as HTTP exceptions (a 400 is raised only for a body that cannot be read).
+_ERROR_CODES = {400: "invalid_body", 404: "not_found", 408: "request_timeout", 415: "unsupported_encoding"}
 
 
 @web.middleware
@@ -55,14 +57,10 @@ async def openai_errors(request: web.Request, handler) -> web.StreamResponse:
         limit = request.app[SETTINGS].max_body_bytes
         return json_error(413, f"request body is larger than the limit of {limit} bytes",
                           "invalid_request_error", "request_too_large")
-    except web.HTTPRequestTimeout:
-        return json_error(408, f"request body stopped arriving: nothing for {CLIENT_IDLE_TIMEOUT:g} s",
-                          "invalid_request_error", "request_timeout")
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return json_error(exc.status, exc.reason or "error", "invalid_request_error",
-                          "not_found" if exc.status == 404 else None)
+        return json_error(exc.status, exc.reason or "error", "invalid_request_error", _ERROR_CODES.get(exc.status))
     except UpstreamFailure as exc:
         return exc.response()
     except (asyncio.CancelledError, ConnectionResetError):
@@ -94,10 +92,7 @@ async def _inspected(request: web.Request, dialect) -> web.StreamResponse:
     if "json" not in content_type.lower():
         return json_error(400, f"Content-Type must be application/json, got {content_type!r}",
                           "invalid_request_error", "invalid_content_type")
-    if request.content.is_eof():  # as usual, the whole body came with the head
-        raw = await request.read()
-    else:
-        raw = b"".join([chunk async for chunk in _body(request, settings.max_body_bytes)])
+    raw = await _whole_body(request, settings.max_body_bytes)
     if not raw.strip():
         return json_error(400, "request body is empty; expected a JSON object", "invalid_request_error",
                           "invalid_json")
@@ -119,6 +114,7 @@ async def _inspected(request: web.Request, dialect) -> web.StreamResponse:
     if exchange.stop is not None:
         return exchange.stop
     headers = upstream_headers(request, settings, identity=True)
+    headers.pop("Content-Encoding", None)  # the body goes up as read here, decoded
     url = upstream_url(settings, dialect.path, request.rel_url.raw_query_string)
     sent = time.perf_counter()
     metrics.overhead.observe(sent - began)
@@ -278,6 +274,28 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         return response
 
 
+async def _whole_body(request: web.Request, limit: int) -> bytes:
+    """A watched path's body, decoded when the client compressed it. The server leaves request bodies as
+    they came (so the relayed paths pass them on byte for byte); this path reads gzip and deflate itself."""
+    if request.content.is_eof():  # as usual, the whole body came with the head
+        raw = await request.read()
+    else:
+        raw = b"".join([chunk async for chunk in _body(request, limit)])
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower() or "identity"
+    if encoding == "identity":
+        return raw
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise web.HTTPUnsupportedMediaType(reason=f"request Content-Encoding {encoding[:40]!r} is not supported: "
+                                                  "send gzip, deflate or none")
+    try:
+        decoded = zlib.decompressobj(47).decompress(raw, limit + 1)  # 32 + 15: a gzip or zlib header
+    except zlib.error:
+        raise web.HTTPBadRequest(reason=f"request body is not valid {encoding}") from None
+    if len(decoded) > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(decoded))
+    return decoded
+
+
 async def _body(request: web.Request, limit: int) -> AsyncIterator[bytes]:
     """The request's body as it arrives, within the size limit. A body that stops arriving is answered 408
     after CLIENT_IDLE_TIMEOUT without a byte, so a client trickling it holds nothing for ever."""
@@ -287,7 +305,11 @@ async def _body(request: web.Request, limit: int) -> AsyncIterator[bytes]:
             async with asyncio.timeout(CLIENT_IDLE_TIMEOUT):
                 chunk = await request.content.readany()
         except TimeoutError:
-            raise web.HTTPRequestTimeout() from None
+            raise web.HTTPRequestTimeout(reason=f"request body stopped arriving: nothing for "
+                                                f"{CLIENT_IDLE_TIMEOUT:g} s") from None
+        except web.RequestPayloadError:
+            raise web.HTTPBadRequest(reason="request body could not be read: a malformed chunk, or the client "
+                                            "stopped mid-body") from None
         if not chunk:
             return
         seen += len(chunk)
@@ -319,20 +341,34 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 def malformed_requests_in_one_line(record: logging.LogRecord) -> bool:
-    """aiohttp logs a request it cannot parse (not HTTP, conflicting lengths, a header over 8 KB) as an error
-    with a traceback. It is the client's mistake, already answered 400: one debug line says so instead."""
+    """aiohttp logs a request it cannot parse (not HTTP, conflicting lengths, a header over 8 KB, a broken
+    chunk), or whose client hung up before its answer, as an error with a traceback. It is the client's
+    doing, not the proxy's: one debug line instead."""
     exc = record.exc_info[1] if record.exc_info else None
-    if not isinstance(exc, HttpProcessingError):
+    if not isinstance(exc, (HttpProcessingError, web.RequestPayloadError, ConnectionResetError)):
         return True
-    reason = (exc.message or "").strip().splitlines()
-    log.debug("refused a malformed request from %s: %s", record.args[0] if record.args else "?",
-              reason[0] if reason else exc)
+    reason = str(getattr(exc, "message", None) or exc).strip().splitlines()
+    log.debug("refused a malformed request, or its client hung up, from %s: %s",
+              record.args[0] if record.args else "?", reason[0] if reason else exc)
     return False
+
+
+async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """`Expect: 100-continue` (curl sends it for large bodies) gets its interim answer, as aiohttp's default
+    gives it; any other expectation is refused 417 in the OpenAI shape (aiohttp's default answers in text)."""
+    expect = request.headers.get("Expect", "")
+    if expect.lower() != "100-continue":
+        return json_error(417, f"unknown Expect: {expect[:100]}", "invalid_request_error", "expectation_failed")
+    if request.version == aiohttp.HttpVersion11:
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the answer itself has not started
+    return None
 
 
 def create_app(settings: Settings) -> web.Application:
     logging.getLogger("aiohttp.server").addFilter(malformed_requests_in_one_line)  # once: the same function
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[count_requests, openai_errors])
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[count_requests, openai_errors],
+                          handler_args={"auto_decompress": False})  # request bodies relayed as they came
     metrics = Metrics()
     store = Store(settings.database_url, settings.log_buffer_size, on_drop=metrics.log_dropped.inc,
                   response_retention_days=settings.response_retention_days)
@@ -349,11 +385,11 @@ def create_app(settings: Settings) -> web.Application:
         await app[CLIENT].close()
 
     app.cleanup_ctx.append(client_context)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_page)
-    app.router.add_routes(admin.routes(guard, settings.admin_token))
-    app.router.add_post("/v1/chat/completions", inspected(ChatDialect))
-    app.router.add_post("/v1/responses", inspected(ResponsesDialect))
-    app.router.add_route("*", "/v1/{tail:.*}", passthrough)
+    app.router.add_routes(web.RouteDef(route.method, route.path, route.handler,
+                                       {**route.kwargs, "expect_handler": expect_continue})
+                          for route in [web.get("/healthz", healthz), web.get("/readyz", readyz),
+                                        web.get("/metrics", metrics_page), *admin.routes(guard, settings.admin_token),
+                                        web.post("/v1/chat/completions", inspected(ChatDialect)),
+                                        web.post("/v1/responses", inspected(ResponsesDialect)),
+                                        web.route("*", "/v1/{tail:.*}", passthrough)])
     return app

@@ -24,7 +24,7 @@ HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
      "trailer", "trailers", "transfer-encoding", "upgrade"}
 )
-_NOT_FORWARDED_UP = HOP_BY_HOP | {"host", "content-length"}
+_NOT_FORWARDED_UP = HOP_BY_HOP | {"host", "content-length", "expect"}  # the proxy answers `Expect` itself
 _NOT_FORWARDED_DOWN = HOP_BY_HOP | {"content-length", "server", "date"}
 
 
