@@ -11,6 +11,13 @@ _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 _SLOW = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
+def _loop_tasks() -> int:
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:  # rendered outside a running loop: none of its tasks to count
+        return 0
+
+
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
@@ -29,7 +36,7 @@ class Metrics:
         self.open_streams = Gauge("loopwarden_open_streams", "Streams being relayed now", registry=r)
         # Read when scraped: a count that only grows is a leak (a task per request never finished).
         self.loop_tasks = Gauge("loopwarden_event_loop_tasks", "Tasks alive on the proxy's event loop", registry=r)
-        self.loop_tasks.set_function(lambda: len(asyncio.all_tasks()))
+        self.loop_tasks.set_function(_loop_tasks)
         self.log_dropped = Counter("loopwarden_log_writes_dropped", "Log records dropped because the buffer was full",
                                    registry=r)
         self.judge_checks = Counter("loopwarden_judge_checks", "Judge checks, by outcome", ["outcome"], registry=r)
