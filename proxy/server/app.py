@@ -9,9 +9,9 @@ import zlib
 from typing import AsyncIterator
 
 import aiohttp
-from aiohttp.http_exceptions import HttpProcessingError
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from proxy.config import Settings
 from proxy.server import admin
