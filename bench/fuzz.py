@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.conftest import start_proxy  # noqa: E402
 from tests.fake_upstream import FakeUpstream, Turn  # noqa: E402
-from tests.test_fuzz import Errors, check_raw, generated, passed_on, raw_request, raw_requests, send_raw, upstream_streams  # noqa: E402,E501
+from tests.test_fuzz import (  # noqa: E402
+    CASES, REQUESTS, STREAMS, Errors, drawn, passed_on, problem, raw_request, send_raw)
 
 
 async def main(requests: int, raw: int, streams: int) -> None:
@@ -40,10 +41,16 @@ async def main(requests: int, raw: int, streams: int) -> None:
     counts = {"requests": 0, "not_openai_shape": 0, "server_error_for_client_mistake": 0, "hangs": 0,
               "raw": 0, "streams": 0, "streams_changed": 0, "streams_cut": 0}
     problems: list[tuple[str, bytes]] = []
+
+    def count(found: str | None, request: bytes) -> None:
+        if found is not None:
+            counts["server_error_for_client_mistake" if found[0] == "5" else "not_openai_shape"] += 1
+            problems.append((found, request[:400]))
+
     began = time.perf_counter()
     timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        for path, data in generated(requests):
+        for path, data in drawn(CASES, requests):
             counts["requests"] += 1
             before = len(upstream.requests)
             try:
@@ -53,16 +60,8 @@ async def main(requests: int, raw: int, streams: int) -> None:
             except asyncio.TimeoutError:
                 counts["hangs"] += 1
                 continue
-            ours = len(upstream.requests) == before
-            if ours and answer.status >= 500:
-                counts["server_error_for_client_mistake"] += 1
-            if ours and answer.status >= 400:
-                try:
-                    error = orjson.loads(body)["error"]
-                    assert isinstance(error["message"], str) and error["type"]
-                except (ValueError, KeyError, TypeError, AssertionError):
-                    counts["not_openai_shape"] += 1
-        for parts in raw_requests(raw):
+            count(problem(answer.status, body, len(upstream.requests) > before), path.encode() + b" " + data)
+        for parts in drawn(REQUESTS, raw):
             counts["raw"] += 1
             before = len(upstream.requests)
             try:
@@ -70,11 +69,9 @@ async def main(requests: int, raw: int, streams: int) -> None:
             except asyncio.TimeoutError:
                 counts["hangs"] += 1
                 continue
-            problem = check_raw(parts, status, headers, body, len(upstream.requests) > before)
-            if problem is not None:
-                counts["server_error_for_client_mistake" if problem[0] == "5" else "not_openai_shape"] += 1
-                problems.append((problem, raw_request(*parts)[:400]))
-        for n, stream in enumerate(upstream_streams(streams)):
+            count(problem(status, body, len(upstream.requests) > before, headers.get("content-type", ""), parts[0]),
+                  raw_request(*parts))
+        for n, stream in enumerate(drawn(STREAMS, streams)):
             counts["streams"] += 1
             upstream.script.append(Turn(raw_body=stream, headers={"Content-Type": "text/event-stream"}))
             path = "/chat/completions" if n % 2 else "/responses"
@@ -103,8 +100,8 @@ async def main(requests: int, raw: int, streams: int) -> None:
     for name, label in names.items():
         print(f"| {label} | {counts[name]} |")
     print(f"| error log records (tracebacks) | {len(errors.records)} |")
-    for problem, request in problems[:10]:
-        print(f"\n{problem}, for:\n    {request!r}")
+    for found, request in problems[:10]:
+        print(f"\n{found}, for:\n    {request!r}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import re
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from clients import fds  # noqa: E402
+from clients import fds, loop_tasks  # noqa: E402
 from overhead import Served, conversation, pct  # noqa: E402
 from scale import rss_mb  # noqa: E402
 
@@ -37,7 +36,6 @@ PLAIN = orjson.dumps({"model": "bench", "messages": conversation(12)})
 # 5 identical calls are the first episode, each further one another: warned, warned, stopped.
 LOOP_STEPS = [orjson.dumps({"model": "bench", "messages": conversation(n, looping=True)}) for n in (12, 14, 16)]
 STREAM = orjson.dumps({"model": "bench", "stream": True, "messages": conversation(4)})
-TASKS = re.compile(rb"^loopwarden_event_loop_tasks (\S+)$", re.MULTILINE)
 
 
 class Window:
@@ -123,11 +121,6 @@ class Soak:
             await self.guarded(self.refresh)
             await asyncio.sleep(max(0.0, min(10.0, deadline - time.monotonic())))
 
-    async def loop_tasks(self) -> str:
-        async with self.http.get(f"http://127.0.0.1:{self.served.port}/metrics") as response:
-            found = TASKS.search(await response.read())
-        return str(int(float(found.group(1)))) if found else "?"
-
 
 def slope(points: list[tuple[float, float]]) -> float:
     """Least-squares slope of (minute, MB)."""
@@ -145,7 +138,7 @@ async def main(minutes: float, workers: int) -> None:
         print("| minute | requests/s | errors | agents' p99 ms | slowest overview ms | RSS MB | descriptors "
               "| loop tasks |")
         print("|---|---|---|---|---|---|---|---|")
-        print(f"| 0 | | | | | {rss_mb(pid):.1f} | {fds(pid)} | {await soak.loop_tasks()} |", flush=True)
+        print(f"| 0 | | | | | {rss_mb(pid):.1f} | {fds(pid)} | {await loop_tasks(served)} |", flush=True)
         started = time.monotonic()
         deadline = started + minutes * 60
         running = [asyncio.create_task(soak.worker(deadline)) for _ in range(workers)]
@@ -170,7 +163,7 @@ async def main(minutes: float, workers: int) -> None:
             errors += window.errors
             slowest = max(window.refreshes, default=0.0) * 1000
             print(f"| {at:.1f} | {window.requests / length:.0f} | {len(window.errors)} | {p99:.1f} | {slowest:.0f} | "
-                  f"{rss:.1f} | {fds(pid)} | {await soak.loop_tasks()} |", flush=True)
+                  f"{rss:.1f} | {fds(pid)} | {await loop_tasks(served)} |", flush=True)
         await asyncio.gather(*running)
         second_half = [point for point in memory if point[0] >= minutes / 2]
         print(f"\nRSS slope over the second half: {slope(second_half):+.2f} MB/minute; "

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from tests.fake_upstream import Turn
+from tests.test_fuzz import send_raw
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
 MESSAGES = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the bug."}]
@@ -158,12 +159,8 @@ async def test_passthrough_models_embeddings_and_unknown_paths(upstream, proxy):
 
 async def _raw_get(port: int, target: str) -> tuple[int, bytes]:
     """A request sent as written: no client library resolves its `..` or re-encodes it."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-    answer = await reader.read()
-    writer.close()
-    head, _, body = answer.partition(b"\r\n\r\n")
-    return int(head.split()[1]), body
+    status, _, body = await send_raw(port, ("GET", target, "", None, [], "none", b""))
+    return status, body
 
 
 async def test_paths_and_queries_reach_the_upstream_as_encoded_and_never_climb_out_of_v1(upstream, proxy):

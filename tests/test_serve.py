@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sqlite3
+from contextlib import asynccontextmanager
 
 import openai
 
@@ -12,10 +13,28 @@ from tests.fake_upstream import Turn
 from tests.test_log_api import _serve
 
 
+@asynccontextmanager
+async def serving(database_url: str, upstream_url: str, log_level: str = "warning"):
+    """`loopwarden serve` as a process: (process, port); killed on the way out if still running."""
+    process, port = await _serve(database_url, upstream_url, log_level)
+    try:
+        yield process, port
+    finally:
+        if process.returncode is None:
+            process.kill()
+            process.communicate()
+
+
+async def stopped(process) -> str:
+    """Stop with SIGTERM; what the process wrote to stderr."""
+    process.send_signal(signal.SIGTERM)
+    _, stderr = await asyncio.to_thread(process.communicate, timeout=30)
+    return stderr.decode()
+
+
 async def test_sigterm_lets_a_stream_in_flight_finish(upstream, tmp_path):
     database = tmp_path / "serve.db"
-    process, port = await _serve(f"sqlite+aiosqlite:///{database}", upstream.url)
-    try:
+    async with serving(f"sqlite+aiosqlite:///{database}", upstream.url) as (process, port):
         text = "".join(f"Part {i} of a long, slow answer. " for i in range(60))
         upstream.script.append(Turn(content=text, chunk_chars=20, delay=0.02))
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-x", max_retries=0)
@@ -34,28 +53,17 @@ async def test_sigterm_lets_a_stream_in_flight_finish(upstream, tmp_path):
         # `serve` applied the migrations itself.
         tables = {row[0] for row in sqlite3.connect(database).execute("SELECT name FROM sqlite_master")}
         assert {"detections", "sessions", "judge_checks"} <= tables
-    finally:
-        if process.returncode is None:
-            process.kill()
-        process.communicate()
 
 
 async def test_debug_logging_is_loopwardens_own_and_the_access_log(upstream, tmp_path):
-    process, port = await _serve(f"sqlite+aiosqlite:///{tmp_path}/debug.db", upstream.url, log_level="debug")
-    try:
+    async with serving(f"sqlite+aiosqlite:///{tmp_path}/debug.db", upstream.url, "debug") as (process, port):
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-x", max_retries=0)
         for _ in range(3):
             upstream.script.append(Turn(content="hello"))
             await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}])
         await client.close()
         await asyncio.sleep(0.6)  # a flush of the log writer, which talks to the database
-        process.send_signal(signal.SIGTERM)
-        _, stderr = await asyncio.to_thread(process.communicate, timeout=30)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            process.communicate()
-    lines = stderr.decode().splitlines()
+        lines = (await stopped(process)).splitlines()
     assert any(" aiohttp.access: " in line and "POST /v1/chat/completions" in line for line in lines)
     debug_sources = {line.split(" DEBUG ")[1].split(":")[0] for line in lines if " DEBUG " in line}
     assert debug_sources and all(name.startswith("loopwarden") for name in debug_sources), debug_sources
@@ -71,21 +79,14 @@ async def test_a_malformed_request_is_refused_without_a_traceback(upstream, tmp_
              b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
              b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n"]
     for level in ("info", "debug"):
-        process, port = await _serve(f"sqlite+aiosqlite:///{tmp_path}/{level}.db", upstream.url, log_level=level)
-        try:
+        async with serving(f"sqlite+aiosqlite:///{tmp_path}/{level}.db", upstream.url, level) as (process, port):
             for head in heads:
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
                 writer.write(head)
                 answer = await asyncio.wait_for(reader.read(), 5)
                 writer.close()
                 assert answer.startswith((b"HTTP/1.0 400 ", b"HTTP/1.1 400 ")), answer[:80]
-            process.send_signal(signal.SIGTERM)
-            _, stderr = await asyncio.to_thread(process.communicate, timeout=30)
-        finally:
-            if process.returncode is None:
-                process.kill()
-                process.communicate()
-        log = stderr.decode()
+            log = await stopped(process)
         assert "Traceback" not in log and " ERROR " not in log, log[-2000:]
         refused = [line for line in log.splitlines() if "refused a malformed request" in line]
         # Not HTTP at all (a scanner, TLS on the plain port) is aiohttp's own debug line, left out of both.

@@ -124,7 +124,7 @@ async def _inspected(request: web.Request, dialect) -> web.StreamResponse:
         response_headers = client_headers(upstream)
         response_headers.update(exchange.response_headers)
         content_type = upstream.headers.get("Content-Type", "")
-        encoding = upstream.headers.get("Content-Encoding", "identity").strip().lower() or "identity"
+        encoding = _encoding(upstream.headers)
         if upstream.status == 200 and content_type.startswith("text/event-stream"):
             # A stream compressed although identity was asked for is relayed untouched, unread.
             return await _relay_stream(request, upstream, response_headers, exchange, watch=encoding == "identity")
@@ -148,17 +148,29 @@ async def _inspected(request: web.Request, dialect) -> web.StreamResponse:
         return web.Response(status=200, body=body, headers=response_headers)
 
 
-def _decoded(body: bytes, encoding: str) -> bytes | None:
-    """The answer as the client will read it: relayed as it came, and read through a decoded copy when an
-    upstream compressed it although identity was asked for; None when it cannot be read here."""
+_ZLIB_ENCODINGS = ("gzip", "x-gzip", "deflate")
+
+
+def _encoding(headers) -> str:
+    return headers.get("Content-Encoding", "identity").strip().lower() or "identity"
+
+
+def _decoded(body: bytes, encoding: str, limit: int | None = None) -> bytes | None:
+    """A body as its reader means it: as it came when not compressed, else decoded from gzip or deflate (to
+    `limit` bytes and one more, so that an oversize body shows); None for another encoding, or a body that
+    is not whole, valid gzip or deflate."""
     if encoding == "identity":
         return body
-    if encoding in ("gzip", "x-gzip", "deflate"):
-        try:
-            return zlib.decompress(body, 47)  # 32 + 15: a gzip or zlib header, whichever it has
-        except zlib.error:
-            return None
-    return None
+    if encoding not in _ZLIB_ENCODINGS:
+        return None
+    decoder = zlib.decompressobj(47)  # 32 + 15: a gzip or zlib header, whichever it has
+    try:
+        decoded = decoder.decompress(body, 0 if limit is None else limit + 1)
+    except zlib.error:
+        return None
+    if not decoder.eof and (limit is None or len(decoded) <= limit):
+        return None  # cut short
+    return decoded
 
 
 def _read_failure(exc: BaseException) -> UpstreamFailure:
@@ -281,16 +293,13 @@ async def _whole_body(request: web.Request, limit: int) -> bytes:
         raw = await request.read()
     else:
         raw = b"".join([chunk async for chunk in _body(request, limit)])
-    encoding = request.headers.get("Content-Encoding", "identity").strip().lower() or "identity"
-    if encoding == "identity":
-        return raw
-    if encoding not in ("gzip", "x-gzip", "deflate"):
+    encoding = _encoding(request.headers)
+    if encoding != "identity" and encoding not in _ZLIB_ENCODINGS:
         raise web.HTTPUnsupportedMediaType(reason=f"request Content-Encoding {encoding[:40]!r} is not supported: "
                                                   "send gzip, deflate or none")
-    try:
-        decoded = zlib.decompressobj(47).decompress(raw, limit + 1)  # 32 + 15: a gzip or zlib header
-    except zlib.error:
-        raise web.HTTPBadRequest(reason=f"request body is not valid {encoding}") from None
+    decoded = _decoded(raw, encoding, limit)
+    if decoded is None:
+        raise web.HTTPBadRequest(reason=f"request body is not valid {encoding}")
     if len(decoded) > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(decoded))
     return decoded

@@ -1,10 +1,12 @@
 """The OpenAI Agents SDK on its default model (the Responses API), driven through loopwarden in front of a
-scripted model. Opt-in, like the other real-agent checks: `make agents-check`."""
+scripted model. It runs with the other real-agent checks, in their own environment (`make agents-check`)."""
 
 from __future__ import annotations
 
 import itertools
 
+import agents
+import openai
 import pytest
 
 from tests.agents.test_real_text_agents import QUESTION, assert_stopped, no_loopwarden_text
@@ -15,9 +17,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::R
 
 
 def _agent(url: str):
-    agents = pytest.importorskip("agents")
-    import openai
-
     agents.set_default_openai_client(openai.AsyncOpenAI(base_url=url, api_key="sk-agent", max_retries=0))
     agents.set_tracing_disabled(True)
 

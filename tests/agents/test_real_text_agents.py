@@ -1,7 +1,7 @@
 """Real agent packages that act in text, driven through loopwarden in front of a scripted model.
 
-Opt-in: `make agents-check` installs smolagents, LlamaIndex and DSPy in a separate environment and runs
-these; under plain `make test` they skip, naming the package that is missing.
+They run in an environment of their own (`make agents-check`, which `make test` runs after the main suite):
+these packages pin openai versions of their own, and leave HTTP clients open at exit.
 """
 
 from __future__ import annotations
@@ -9,7 +9,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+import dspy
 import pytest
+import smolagents
+from llama_index.core.agent.workflow import ReActAgent
+from llama_index.core.tools import FunctionTool
+from llama_index.llms.openai import OpenAI
 
 from tests.fake_upstream import Turn
 
@@ -59,7 +64,6 @@ def assert_stopped(error: BaseException, upstream) -> None:
 # -- smolagents ---------------------------------------------------------------------------------------------
 
 def _smolagents(kind: str, url: str):
-    smolagents = pytest.importorskip("smolagents")
     model = smolagents.OpenAIServerModel(model_id="gpt-test", api_base=url, api_key="sk-agent")
     cls = smolagents.ToolCallingAgent if kind == "tool" else smolagents.CodeAgent
     return cls(tools=[smolagents.tool(read_file)], model=model, max_steps=20, verbosity_level=0)
@@ -100,12 +104,6 @@ async def test_smolagents_benign_run_ends_with_its_answer(upstream, proxy, kind)
 # -- LlamaIndex ReActAgent --------------------------------------------------------------------------------
 
 def _llamaindex(url: str):
-    pytest.importorskip("llama_index.core")
-    pytest.importorskip("llama_index.llms.openai")
-    from llama_index.core.agent.workflow import ReActAgent
-    from llama_index.core.tools import FunctionTool
-    from llama_index.llms.openai import OpenAI
-
     llm = OpenAI(model="gpt-4o-mini", api_base=url, api_key="sk-agent", max_retries=0)
     return ReActAgent(tools=[FunctionTool.from_defaults(read_file)], llm=llm)
 
@@ -139,7 +137,6 @@ async def test_llamaindex_react_benign_run_ends_with_its_answer(upstream, proxy)
 
 def _dspy_react(url: str):
     """A DSPy ReAct program, as a function to run in a worker thread with its own LM settings."""
-    dspy = pytest.importorskip("dspy")
     lm = dspy.LM("openai/gpt-test", api_base=url, api_key="sk-agent", cache=False, num_retries=0)
     react = dspy.ReAct("question -> answer", tools=[read_file], max_iters=20)
 
