@@ -2,7 +2,7 @@
 
 Each record is one conversation, replayed as the proxy would have seen it: one request per assistant turn
 (the messages before it), the assistant's turn as that request's answer, and the request after the last
-turn. The same engine folds each request; what is logged follows observe mode's rules (a warning when a
+turn (also when the record ends with that turn: it gets the episodes the turn completes). The same engine folds each request; what is logged follows observe mode's rules (a warning when a
 request would first carry it, a stop once, a chant where a streamed answer would have been cut, nothing
 after a task's stop), so replay and a live proxy in observe mode find the same episodes.
 No I/O but reading the files.
@@ -111,7 +111,8 @@ def replay(config: DetectConfig, record: Record) -> Replayed:
     """The episodes a proxy in observe mode would have logged for this conversation, in order."""
     messages = record.messages
     turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
-    ends = turns + ([len(messages)] if not turns or turns[-1] != len(messages) - 1 else [])
+    # Every request the agent sent, and the next one, which carries the last turn (a record may end with it).
+    ends = turns + [len(messages)]
     result = Replayed(record.source, len(turns))
     logged: set[tuple] = set()
     cache = None

@@ -3,7 +3,8 @@
 
 Every line is classified from its own characters (never from how a delta
 happened to start): a fence toggles code and is not counted, code is not
-counted, a divider resets and is not counted, a list item, heading, quote or
+counted, a divider (a line of one repeated symbol, or of divider characters)
+resets and is not counted, a list item, heading, quote or
 table row resets and is counted, prose is counted. Counted text is indexed at
 every offset in CONTENT_CHUNK_SIZE windows; a window that recurs
 CONTENT_LOOP_THRESHOLD times close together with few distinct gaps is chanting.
@@ -58,7 +59,9 @@ cdef uint64_t MODULUS = (1ULL << 61) - 1
 cdef uint64_t BASE = (1ULL << 20) + int.from_bytes(os.urandom(8), "little") % (MODULUS - (1ULL << 21))
 cdef Py_ssize_t INITIAL_CAPACITY = 64  # most text before a tool call is short
 
-_DIVIDER_CHARS = frozenset("-_=*~+") | frozenset(chr(c) for c in range(0x2500, 0x2580))
+# Divider characters may mix on one line (`╭──╮`, `~~~^^^` under a traceback); any other symbol makes a divider
+# when it alone is repeated (`......`, `!!!!!!`).
+_DIVIDER_CHARS = frozenset("-_=*~+^") | frozenset(chr(c) for c in range(0x2500, 0x2580))
 _LIST_NUMBER = re.compile(r"\d{1,9}[.)]")
 _HEADING = re.compile(r"#{1,6}(?:[ \t]|$)")
 
@@ -92,12 +95,13 @@ cdef int _classify(str line, bint complete, bint in_code) except -2:
         if not complete and (number or s.isdigit()):
             return UNKNOWN
         return PROSE
-    if first in _DIVIDER_CHARS:
+    if first in _DIVIDER_CHARS or not (first.isalnum() or first.isspace()):
+        marks = _DIVIDER_CHARS if first in _DIVIDER_CHARS else (first,)
         body = s.rstrip(" \t")
-        if all(c in _DIVIDER_CHARS or c in " \t" for c in body):
+        if all(c in marks or c in " \t" for c in body):
             if not complete:
                 return UNKNOWN
-            return DIVIDER if sum(c in _DIVIDER_CHARS for c in body) >= 3 else PROSE
+            return DIVIDER if len(body) - body.count(" ") - body.count("\t") >= 3 else PROSE
     return PROSE
 
 

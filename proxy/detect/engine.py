@@ -211,8 +211,14 @@ def _call(name: str, arguments: str, outcome: tuple[str, bool] | None) -> Call:
     if outcome is None:
         return Call(name, arguments)
     text, marked = outcome
-    error = mask(text)[:500] if marked or is_error_form(text) else None
+    error = error_text(mask(text)) if marked or is_error_form(text) else None
     return Call(name, arguments, text, error)
+
+
+def error_text(masked: str) -> str:
+    """What identifies an error: its start and its end (a traceback's exception and a test run's summary
+    come last; two different failures often share a long start)."""
+    return masked if len(masked) <= 500 else f"{masked[:250]} … {masked[-250:]}"
 
 
 def text_call(action: TextAction, observation: str | None, marked: bool = False) -> Call:
@@ -254,6 +260,8 @@ def _tool_detail(found: ToolFinding) -> dict:
         detail["cycle_arguments"] = [excerpt(c.arguments, 60) for c in found.calls]
     elif found.type == "tool_error":
         detail["error"] = excerpt(_readable(first.error or ""), 200)
+        if len({c.key for c in found.calls}) > 1:  # one error answering different calls
+            detail["calls"] = [{"tool": c.name, "arguments": excerpt(c.arguments, 60)} for c in found.calls]
     else:
         detail["same_result"] = found.same_result
     if first.result_excerpt:

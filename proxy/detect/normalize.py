@@ -58,6 +58,36 @@ _SHELL_ERROR = re.compile(
 _SHELL_HINTS = ("sh: ", "No such file", "Permission denied", "not found", " a directory")
 _VALIDATION = ("must not have additional properties", "must have required property", "is a required property",
                "validation error")
+# The failure reports of the tools coding agents run, each anchored where its form lives: a line's start,
+# a summary line. A test runner's summary and a build's verdict come last, so the tail is read as well.
+_TOOL_TAIL = 1500
+_TOOL_FAILURE = re.compile(
+    r"""^[\x20\t]*(?:
+        FAILED\x20[^\s:]+::\S                                   # pytest: FAILED tests/test_a.py::test_x
+      | =+\x20(?:FAILURES|ERRORS)\x20=+$                         # pytest's banners
+      | =*\x20?(?:\d+\x20\w+,\x20)*[1-9]\d*\x20(?:failed|errors?)\b[^\n]*\bin\x20[\d.]+s\b  # pytest: 1 failed, 2 passed in 0.1s
+      | FAILED\x20\((?:failures|errors)=\d                        # unittest
+      | Tests?:?\x20+[1-9]\d*\x20failed\b                          # jest: Tests: 1 failed; vitest: Tests  1 failed
+      | ---\x20FAIL:\x20 | FAIL(?:[\t\x20]+\S|$)                     # go test; jest's FAIL src/a.test.js
+      | test\x20result:\x20FAILED                                 # cargo test
+      | (?:\[ERROR\]\x20)?Tests\x20run:\x20\d+,\x20Failures:\x20(?:[1-9]|0,\x20Errors:\x20[1-9])  # Surefire
+      | (?:\[\w+\]\x20)?BUILD\x20FAIL(?:URE|ED)\b                  # Maven, Gradle
+      | [^\s:(][^:\n(]*:\d+(?::\d+)?:\x20(?:fatal\x20)?error:      # gcc, clang, javac, swiftc: a.c:3:5: error:
+      | [^\s(][^(\n]*\(\d+,\d+\):\x20error\x20TS\d                  # tsc: a.ts(3,5): error TS2322
+      | \S+:\d+:\d+\x20-\x20error\x20TS\d                           # tsc --pretty: a.ts:3:5 - error TS2322
+      | error\[E\d{4}\]                                         # rustc
+      | [1-9]\d*\x20errors?$                                     # javac's count
+      | npm\x20(?:ERR!|error\x20)                                # npm
+      | ERROR:\x20                                              # pip
+      | make(?:\[\d+\])?:\x20\*\*\*\x20[^\n]*\bError\x20\d           # make
+      | EXECUTION\x20TIMED\x20OUT | Timed\x20out\b                  # timeouts
+      | (?:The\x20)?(?:last\x20)?[Cc]ommand\b[^\n]{0,300}\btimed\x20out\b | [\w./-]+:\x20[^\n]{0,200}\btimed\x20out\b
+      | \[?Your\x20proposed\x20edit\x20has\x20introduced\x20new\x20syntax\x20error   # SWE-agent's editor
+    )""",
+    re.MULTILINE | re.VERBOSE,
+)
+# Only text holding one of these can hold a form above (a plain substring test costs little).
+_TOOL_HINTS = ("FAIL", "fail", "rror", "ERR", "TIMED", "timed", "Timed")
 
 
 def _hex_id(match: re.Match) -> str:
@@ -92,7 +122,7 @@ def canonical_arguments(arguments: object) -> str:
 
 def is_error_form(text: str) -> bool:
     """A tool result that reports a failure by its form: a leading `Error:`, a traceback, a non-zero exit
-    code, an `{"error": ...}` object, a shell or validation error."""
+    code, an `{"error": ...}` object, a shell or validation error, a tool's failure report (SPEC §5)."""
     head = text[:_ERROR_HEAD].lstrip()
     if head.startswith("{"):
         try:
@@ -109,7 +139,19 @@ def is_error_form(text: str) -> bool:
         return True
     if any(hint in head for hint in _SHELL_HINTS) and _SHELL_ERROR.search(head):
         return True
-    return any(form in lowered for form in _VALIDATION)
+    if any(form in lowered for form in _VALIDATION):
+        return True
+    return _tool_failure(text)
+
+
+def _tool_failure(text: str) -> bool:
+    """A test runner's, compiler's, build tool's or editor's failure report, or a timeout."""
+    if len(text) <= _ERROR_HEAD + _TOOL_TAIL:
+        parts = (text,)
+    else:  # where the forms live: the report's start and its summary at the end
+        parts = (text[:_ERROR_HEAD], text[text.find("\n", len(text) - _TOOL_TAIL) + 1:])
+    return any(any(hint in part for hint in _TOOL_HINTS) and _TOOL_FAILURE.search(part) is not None
+               for part in parts)
 
 
 def excerpt(text: str, limit: int = 120) -> str:

@@ -16,6 +16,10 @@ def describe(episode: Episode) -> str:
         arguments = d.get("cycle_arguments") or [""] * len(d["cycle"])
         steps = " → ".join(f"`{name}` with {args}" for name, args in zip(d["cycle"], arguments))
         return f"you repeated the same cycle of tool calls ({steps}) {d['repeats']} times with the same results"
+    if episode.type == "tool_error" and d.get("calls"):
+        calls = ", ".join(f"`{c['tool']}` with {c['arguments']}" for c in d["calls"])
+        return (f"the same error answered your last {d['repeats']} calls, though they differed (the last were "
+                f"{calls}): {d['error']}")
     if episode.type == "tool_error":
         return (f"`{d['tool']}` with {d['arguments']} failed {d['repeats']} times with the same error: "
                 f"{d['error']}")
@@ -29,8 +33,8 @@ _ADVICE = {
                  "or change the arguments, use another tool, or take a different approach.",
     "tool_cycle": "The cycle is not making progress. Break it: change what you do at one of its steps, "
                   "or take a different approach.",
-    "tool_error": "Retrying the same call will fail the same way. Read the error, fix its cause or change "
-                  "the arguments, or take a different approach.",
+    "tool_error": "Retrying will fail the same way. Read the error, fix its cause or change "
+                  "what you do, or take a different approach.",
     "content": "Stop repeating it. Continue with new content, or finish your answer.",
     "llm": "Step back, summarise what you have learned, and take a different approach.",
 }

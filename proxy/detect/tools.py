@@ -1,16 +1,24 @@
-"""The tool-call layer: the same call again and again, cycles of calls, the same call failing the same way."""
+"""The tool-call layer: the same call again and again, cycles of calls, the same error again and again."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from proxy.detect.normalize import digest, mask
 
-MAX_CYCLE = 5
+MAX_CYCLE = 8
+# Cycles longer than this need one round fewer: 4 rounds of a 6-call cycle are 24 calls of the same thing.
+LONG_CYCLE = 6
 ERROR_REPEATS = 3
 # Past this many times the threshold, identical calls in a row are a loop whatever their results (the same
 # edit applied at the same place changes the file every time).
 BLIND_REPEATS = 3
+
+
+# A shell tool's frame around its output (mini-swe-agent's tags, Codex CLI's header lines): no words of the error.
+_FRAME = re.compile(r"</?\w+>|\b(?:process|exit(?:ed)?|with|code|status|returncode|output|chunk|id|wall|time"
+                    r"|original|token|count)\b", re.IGNORECASE)
 
 
 class Call:
@@ -37,6 +45,12 @@ class Call:
             self._result, self._excerpt, self._raw = digest(masked), masked[:160], None
 
     @property
+    def says_something(self) -> bool:
+        """An error that names a cause in words of its own: more than an exit code and empty output (`grep`
+        finding nothing) or a one-word nudge (`continue`)."""
+        return self.error is not None and sum(c.isalpha() for c in _FRAME.sub("", self.error)) >= 16
+
+    @property
     def result(self) -> bytes | None:
         """The digest of the masked result; None while the result is unknown."""
         self._settle()
@@ -52,7 +66,7 @@ class Call:
 @dataclass(frozen=True, slots=True)
 class ToolFinding:
     type: str  # tool_call, tool_cycle or tool_error
-    calls: tuple[Call, ...]  # the call, or the cycle's calls in order
+    calls: tuple[Call, ...]  # the call, the cycle's calls in order, or the calls one error answered
     repeats: int
     same_result: bool = True  # False for identical calls counted whatever their results
 
@@ -62,16 +76,24 @@ def _same(a: Call, b: Call) -> bool:
     return a.key == b.key and (a.result is None or b.result is None or a.result == b.result)
 
 
-class ToolTracker:
-    """Streaks for every period 1..5 and error counts, for one task. Constant memory but the error table."""
+def cycle_rounds(period: int, threshold: int) -> int:
+    """How many rounds of a cycle of `period` calls make a loop."""
+    return threshold if period < LONG_CYCLE else max(2, threshold - 1)
 
-    __slots__ = ("_recent", "_runs", "_blind_run", "_errors")
+
+class ToolTracker:
+    """Streaks for every period 1..MAX_CYCLE, error counts and the run of one error answering consecutive
+    calls, for one task. Constant memory but the error table."""
+
+    __slots__ = ("_recent", "_runs", "_blind_run", "_errors", "_error_run", "_error_calls")
 
     def __init__(self) -> None:
         self._recent: list[Call | None] = []  # last MAX_CYCLE calls; None is a call never counted
         self._runs = [0] * (MAX_CYCLE + 1)  # _runs[k]: consecutive calls equal to the call k before
         self._blind_run = 0  # consecutive calls with the previous call's name and arguments, results aside
         self._errors: dict[tuple[str, str], int] = {}
+        self._error_run = 0  # consecutive calls answered by one and the same error
+        self._error_calls: list[Call] = []  # the last of them, for the evidence
 
     def clone(self) -> "ToolTracker":
         other = ToolTracker.__new__(ToolTracker)
@@ -79,6 +101,8 @@ class ToolTracker:
         other._runs = self._runs[:]
         other._blind_run = self._blind_run
         other._errors = dict(self._errors)
+        other._error_run = self._error_run
+        other._error_calls = self._error_calls[:]
         return other
 
     def skip(self) -> None:
@@ -86,6 +110,8 @@ class ToolTracker:
         self._recent = (self._recent + [None])[-MAX_CYCLE:]
         self._runs = [0] * (MAX_CYCLE + 1)
         self._blind_run = 0
+        self._error_run = 0
+        self._error_calls = []
 
     def add(self, call: Call, threshold: int, error_repeats: int = ERROR_REPEATS) -> list[ToolFinding]:
         """Count a call; every rule it trips, in the order of SPEC's table."""
@@ -100,8 +126,8 @@ class ToolTracker:
 
         found: list[ToolFinding] = []
         for k in range(1, MAX_CYCLE + 1):
-            # A period-k pattern repeated `threshold` times: all but its first k calls match.
-            if runs[k] >= k * (threshold - 1):
+            # A period-k pattern repeated its rounds: all but its first k calls match.
+            if runs[k] >= k * (cycle_rounds(k, threshold) - 1):
                 cycle = tuple(c for c in self._recent[-k:] if c is not None)
                 found.append(ToolFinding("tool_call" if k == 1 else "tool_cycle", cycle, runs[k] // k + 1))
                 break
@@ -112,10 +138,27 @@ class ToolTracker:
             self._errors[(call.key, call.error)] = count
             if count >= error_repeats:
                 found.append(ToolFinding("tool_error", (call,), count))
+        found.extend(self._same_error(call, error_repeats))
         for finding in found:  # the evidence outlives the fold
             for counted in finding.calls:
                 counted._settle()
         return found
+
+    def _same_error(self, call: Call, error_repeats: int) -> list[ToolFinding]:
+        """The same error answering `error_repeats` consecutive calls, whatever the calls (a harness repeating
+        its format error, a tool that does not exist, near-identical edits rejected alike). Identical calls
+        alone are the rule above's; an error that says nothing but its exit code is no evidence of one cause."""
+        calls = self._error_calls
+        if not call.says_something:
+            self._error_run, self._error_calls = 0, []
+            return []
+        if calls and calls[-1].error != call.error:
+            self._error_run, calls = 0, []
+        self._error_run += 1
+        self._error_calls = calls = (calls + [call])[-error_repeats:]
+        if self._error_run < error_repeats or all(c.key == call.key for c in calls):
+            return []
+        return [ToolFinding("tool_error", tuple(calls), self._error_run)]
 
     def settle(self) -> None:
         """Mask the results of the calls later calls will be compared with, so no raw result outlives a fold."""
