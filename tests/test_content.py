@@ -343,3 +343,25 @@ def test_white_space_runs_count_as_one_so_a_chant_spread_with_spaces_is_found():
     for _ in range(12):
         found = found or tracker.feed("I will    check the file again    now.   " + " " * 20 + "\n")
     assert found is not None and found.repeated.strip()
+
+
+QUOTED_TRACEBACK = (
+    "The run failed here:\n\nTraceback (most recent call last):\n  File \"/app/report.py\", line 12, in <module>\n"
+    "    totals = summarise(load_rows(path), by=\"region\", include_archived=False)\n"
+    "             " + "^" * 68 + "\n"
+    "  File \"/app/report.py\", line 7, in summarise\n    return {key: sum(row[key] for row in rows)}\n"
+    "                      ~~~~~~~~~~~~~~~~~~~^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+    "KeyError: 'region'\n\nThe rows carry `Region`, not `region`; I will change the key.\n")
+
+
+def test_a_traceback_quoted_with_its_caret_lines_is_not_chanting():
+    assert first_chant(list(QUOTED_TRACEBACK)) is None
+    assert first_chant([QUOTED_TRACEBACK]) is None
+
+
+@pytest.mark.parametrize("line", ["^" * 80, "~" * 60 + "^" * 20, "." * 70, "!" * 55, "…" * 52, "═" * 60, "•" * 51])
+def test_a_line_of_one_repeated_symbol_restarts_the_tracking_like_a_divider(line):
+    sentence = SENTENCE.strip() + "\n"
+    assert first_chant([line + "\n"] * 15) is None
+    assert first_chant([sentence] * 9 + [line + "\n"] + [sentence] * 9) is None
+    assert first_chant([sentence] * 9 + ["a line of prose\n"] + [sentence] * 9) is not None

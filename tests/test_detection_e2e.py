@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import openai
 import pytest
@@ -321,4 +322,81 @@ async def test_the_notice_can_be_turned_off(upstream, proxy_factory):
     message = await agent.turn()
     assert "[loopwarden]" not in message["content"] and (SENTENCE * 300).startswith(message["content"])
     assert agent.extras[-1]["loopwarden"]["action"] == "cut"
+    await agent.close()
+
+
+PYTEST_REPORT = (Path(__file__).parent / "fixtures" / "tool_output" / "pytest.fail.txt").read_text()
+
+
+def pytest_run(i: int) -> str:
+    """The same failing report, with the new timestamp, pid and duration every run has."""
+    return (f"[2026-11-24 10:{i:02d}:17] pytest started (pid {31000 + 17 * i})\n"
+            + PYTEST_REPORT.replace("in 0.84s", f"in {0.8 + i / 100:.2f}s"))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_failing_test_run_with_other_calls_between_warns_twice_then_stops(upstream, proxy, stream):
+    agent = Agent(proxy.url, stream=stream)
+    warned_after = []
+    for i in range(4):
+        await loop_calls(agent, upstream, 1, pytest_run(i), name="run_tests", args={"path": "tests"})
+        await loop_calls(agent, upstream, 1, "def add(a, b):\n    return a - b\n", name="read_file")
+        warned_after.append(len(warnings_in(upstream.chat_requests[-1])))
+        await loop_calls(agent, upstream, 1, f"edited line {i + 2}", name="edit_file", args={"line": i + 2})
+    assert warned_after == [0, 0, 1, 2]  # (1/2) after the 3rd identical failure, (2/2) after the 4th
+    first, second = (text for _, text in warnings_in(upstream.chat_requests[-1]))
+    assert first.startswith("[loopwarden] Loop detected (1/2): `run_tests`") and "1 failed, 1 passed" in first
+    assert second.startswith("[loopwarden] Loop detected (2/2)")
+    await loop_calls(agent, upstream, 1, pytest_run(4), name="run_tests", args={"path": "tests"})
+    sent = len(upstream.chat_requests)
+    with pytest.raises(openai.BadRequestError) as caught:  # the request after the 5th failure is never sent
+        await agent.turn()
+    assert caught.value.code == "loop_detected"
+    assert caught.value.response.headers["x-loopwarden-loop"] == "tool_error"
+    assert "`run_tests`" in caught.value.message and len(upstream.chat_requests) == sent
+    await agent.close()
+
+
+async def test_three_different_calls_answered_by_the_same_error_are_warned(upstream, proxy):
+    agent = Agent(proxy.url)
+    unknown = "Error: tool 'search_code' not found. Available tools: read_file, run_build, edit_file."
+    for query in ("parser", "class Parser", "def parse("):
+        await loop_calls(agent, upstream, 1, unknown, name="search_code", args={"query": query})
+    upstream.script.append(Turn(content="I will read the file instead."))
+    await agent.turn()
+    (_, text), = warnings_in(upstream.chat_requests[-1])
+    assert text.startswith("[loopwarden] Loop detected (1/2): the same error answered your last 3 calls")
+    assert '`search_code` with {"query":"class Parser"}' in text and "not found" in text
+    await agent.close()
+
+
+async def test_a_six_call_cycle_is_warned_after_its_fourth_round(upstream, proxy):
+    agent = Agent(proxy.url)
+    cycle = [("read_file", {"path": "a.py"}), ("ls", {"path": "src"}), ("read_file", {"path": "b.py"}),
+             ("run_build", {"target": "all"}), ("ls", {"path": "tests"}), ("job_status", {"id": 7})]
+    for _ in range(4):
+        for name, args in cycle:
+            await loop_calls(agent, upstream, 1, f"the same answer to {name} {args}", name=name, args=args)
+    assert all(warnings_in(body) == [] for body in upstream.chat_requests)  # 23 calls and their results
+    upstream.script.append(Turn(content="Let me step back."))
+    await agent.turn()
+    assert len(upstream.chat_requests) == 25
+    (_, text), = warnings_in(upstream.chat_requests[-1])
+    assert "cycle of tool calls" in text and '`run_build` with {"target":"all"}' in text and "4 times" in text
+    await agent.close()
+
+
+async def test_a_traceback_with_caret_lines_streams_whole_and_warns_nothing(upstream, proxy):
+    agent = Agent(proxy.url, stream=True)
+    traceback = ("The test fails at import:\n\nTraceback (most recent call last):\n"
+                 '  File "/app/tests/test_report.py", line 3, in <module>\n'
+                 "    from app.report import summarise_rows_by_region_and_quarter_with_archived_rows\n"
+                 "    " + "^" * 76 + "\nImportError: cannot import name 'summarise_rows_by_region'\n\n"
+                 "I will rename the import.")
+    upstream.script.append(Turn(content=traceback, chunk_chars=3))
+    message = await agent.turn()
+    assert message["content"] == traceback and upstream.streams[-1].completed
+    upstream.script.append(Turn(content="Renamed."))
+    await agent.turn()
+    assert warnings_in(upstream.chat_requests[-1]) == []
     await agent.close()

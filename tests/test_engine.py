@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import orjson
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from proxy.detect.engine import DetectConfig, Decision, ResponseWatcher, analyze, episodes
 from proxy.detect.judge_policy import JudgeCheck
+from proxy.detect.normalize import is_error_form
 from proxy.detect.texts import stop_text, warning_text
 from tests.convo import assistant, conversation, step, steps, user
 
@@ -460,3 +462,98 @@ def test_a_rerun_of_the_same_prompt_is_another_task():
     assert key(first) != key(rerun)
     assert key(first) == key(first + same_calls(1)[0])  # the same run, one turn longer
     assert key(conversation(user("go"), assistant("hi"))) == key(conversation(user("go"), assistant("hello")))
+
+
+# -- errors by the forms real tools print (tests/fixtures/tool_output: real output where the tool runs here) ---
+
+TOOL_OUTPUT = Path(__file__).parent / "fixtures" / "tool_output"
+FAILURES = sorted(p.name for p in TOOL_OUTPUT.glob("*.fail.txt"))
+SUCCESSES = sorted(p.name for p in TOOL_OUTPUT.glob("*.pass.txt"))
+
+
+def test_every_tool_form_has_fixtures_failing_and_passing():
+    assert len(FAILURES) >= 20 and len(SUCCESSES) >= 10
+
+
+@pytest.mark.parametrize("name", FAILURES)
+def test_a_tools_failure_report_is_an_error(name):
+    report = (TOOL_OUTPUT / name).read_text()
+    assert is_error_form(report)
+    assert kinds(conversation(user("go"), *same_calls(3, name="run", args={}, result=report))) == [(1, "tool_error")]
+
+
+def test_a_failure_report_is_found_where_its_form_lives_in_a_long_output():
+    noise = "".join(f"collecting tests/module_{i}.py\n" for i in range(400))
+    assert is_error_form(noise + (TOOL_OUTPUT / "pytest.fail.txt").read_text())  # a summary comes last
+    assert is_error_form((TOOL_OUTPUT / "gcc.fail.txt").read_text() + noise)  # a compiler error comes first
+    assert not is_error_form(noise + "FAILED tests/test_a.py::test_x\n" + noise)  # not where the form lives
+
+
+@pytest.mark.parametrize("name", SUCCESSES)
+def test_a_tools_success_stays_a_success(name):
+    assert not is_error_form((TOOL_OUTPUT / name).read_text())
+
+
+def test_the_failing_test_run_with_other_calls_between_warns_twice_then_stops():
+    def run_tests(i):  # the same pytest report, a new timestamp and pid each run
+        report = (TOOL_OUTPUT / "pytest.fail.txt").read_text()
+        return f"[{10 + i}:02:17] worker pid {4000 + i}\n{report}".replace("0.84s", f"0.{80 + i}s")
+
+    calls = []
+    for i in range(5):
+        calls += [step("run_tests", {}, run_tests(i)), step("read_file", {"path": "calc.py"}, f"line {i}"),
+                  step("edit", {"path": "calc.py", "line": i}, "edited")]
+    found = eps(conversation(user("fix it"), *calls))
+    assert [(e.number, e.type, e.detail["tool"], e.turn) for e in found] == [
+        (1, "tool_error", "run_tests", 7), (2, "tool_error", "run_tests", 10), (3, "tool_error", "run_tests", 13)]
+    assert found[2].is_stop and "::test_add - assert -1 == 5" in found[0].detail["error"]
+
+
+def test_one_error_answering_three_different_calls_is_tool_error():
+    unknown = "Error: tool 'search_code' does not exist. Available tools: read_file, edit, run_tests."
+    calls = [step("search_code", {"query": q}, unknown) for q in ("parser", "Parser class", "def parse")]
+    assert kinds(conversation(user("go"), *calls[:2])) == []
+    (found,) = eps(conversation(user("go"), *calls))
+    assert (found.type, found.detail["repeats"]) == ("tool_error", 3)
+    assert [c["arguments"] for c in found.detail["calls"]] == [
+        '{"query":"parser"}', '{"query":"Parser class"}', '{"query":"def parse"}']
+    text = warning_text(found)
+    assert "the same error answered your last 3 calls" in text and "does not exist" in text
+    assert '`search_code` with {"query":"def parse"}' in stop_text(found)
+
+
+def test_near_identical_edits_rejected_alike_are_tool_error():
+    rejected = (TOOL_OUTPUT / "swe-agent-edit.fail.txt").read_text()
+    edits = [step("edit", {"start": 1475, "end": 1475, "text": "return int(round(x))" + " " * i}, rejected)
+             for i in range(3)]
+    assert kinds(conversation(user("go"), *edits)) == [(1, "tool_error")]
+
+
+def test_the_same_error_broken_by_another_result_or_saying_nothing_is_not_one_loop():
+    unknown = "Error: tool 'search_code' does not exist. Available tools: read_file."
+    broken = [step("search_code", {"q": 1}, unknown), step("search_code", {"q": 2}, unknown),
+              step("read_file", {"path": "a"}, "text"), step("search_code", {"q": 3}, unknown)]
+    assert kinds(conversation(user("go"), *broken)) == []
+    no_match = "<returncode>1</returncode>\n<output>\n</output>"  # grep finding nothing is no cause of anything
+    greps = [step("bash", {"command": f"grep -n {word} src/*.py"}, no_match) for word in ("foo", "bar", "baz", "qux")]
+    assert kinds(conversation(user("go"), *greps)) == []
+
+
+def test_two_failures_with_a_long_shared_start_are_two_errors():
+    chain = "Traceback (most recent call last):\n" + "".join(
+        f'  File "/testbed/pkg/m{i}.py", line {i}, in <module>\n    from pkg import m{i + 1}\n' for i in range(12))
+    missing = [chain + f"ModuleNotFoundError: No module named '{name}'" for name in ("pytz", "scipy", "h5py")]
+    assert kinds(conversation(user("go"), *[step("bash", {"command": "python repro.py"}, m) for m in missing])) == []
+
+
+def test_six_seven_and_eight_call_cycles_fire_one_round_early():
+    for names in ("ABCDEF", "ABCDEFG", "ABCDEFGH"):
+        k = len(names)
+        assert kinds(conversation(user("go"), *_cycle(names, 4)[: 4 * k - 1])) == []
+        found = eps(conversation(user("go"), *_cycle(names, 4)))
+        assert [(e.type, e.turn, len(e.detail["cycle"])) for e in found] == [("tool_cycle", 4 * k, k)], names
+
+
+def test_a_long_cycle_whose_results_change_is_progress():
+    calls = [step(name, {"n": name}, f"{name} round {r}") for r in range(5) for name in "ABCDEF"]
+    assert kinds(conversation(user("go"), *calls)) == []

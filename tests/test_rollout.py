@@ -272,3 +272,13 @@ def test_replay_reads_text_agents_and_responses_bodies():
 
     record = _record({"model": "m", "instructions": "Be brief.", "input": items}, "responses:1")
     assert [(e["turn"], e["action"]) for e in replay(config, record).episodes] == [(5, "warned"), (6, "warned")]
+
+
+def test_replay_reads_the_last_answer_of_a_record():
+    chant = "I will now check the configuration file once more before I answer. " * 12
+    record = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Is the config valid?"},
+              {"role": "assistant", "content": chant}]  # recorded without "stream": true
+    (episode,) = replay(DetectConfig(), Record("final", record, False)).episodes
+    assert (episode["turn"], episode["type"], episode["action"]) == (1, "content", "warned")
+    streamed = replay(DetectConfig(), Record("final", record, True)).episodes
+    assert [(e["type"], e["action"]) for e in streamed] == [("content", "cut")]  # logged once, where it was cut

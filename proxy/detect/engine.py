@@ -259,7 +259,9 @@ def _tool_detail(found: ToolFinding) -> dict:
         detail["cycle"] = [c.name for c in found.calls]
         detail["cycle_arguments"] = [excerpt(c.arguments, 60) for c in found.calls]
     elif found.type == "tool_error":
-        detail["error"] = excerpt(_readable(first.error or ""), 200)
+        error = " ".join(_readable(first.error or "").split())
+        # Its start and its end: where a traceback's exception and a test run's summary are.
+        detail["error"] = error if len(error) <= 200 else f"{error[:80]} … {error[-115:]}"
         if len({c.key for c in found.calls}) > 1:  # one error answering different calls
             detail["calls"] = [{"tool": c.name, "arguments": excerpt(c.arguments, 60)} for c in found.calls]
     else:
