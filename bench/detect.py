@@ -19,6 +19,7 @@ from reference_content import ReferenceContent  # noqa: E402
 
 from proxy.detect.content import ContentTracker  # noqa: E402
 from proxy.detect.engine import DetectConfig, analyze, make_call  # noqa: E402
+from proxy.detect.normalize import is_error_form  # noqa: E402
 from proxy.detect.tools import ToolTracker  # noqa: E402
 
 WORDS = ("the", "file", "config", "loader", "returns", "value", "when", "tests", "module", "change", "build",
@@ -137,6 +138,28 @@ def main(quick: bool) -> None:
         elapsed = time.perf_counter() - started
         print(f"- {calls} calls with ~{len(result)}-character results, {label}: {elapsed / calls * 1e6:.1f} µs "
               f"per call")
+    print()
+    error_forms(quick)
+
+
+def error_forms(quick: bool) -> None:
+    """What telling an error by its form costs per tool result (SPEC §5: the forms real tools print)."""
+    fixtures = Path(__file__).parent.parent / "tests" / "fixtures" / "tool_output"
+    reports = [p.read_text() for p in sorted(fixtures.glob("*.txt"))]
+    log = "\n".join(f"2026-11-20 09:14:{i % 60:02d} INFO request {i} served in {i % 17} ms" for i in range(300))
+    long_run = "".join(f"tests/test_m{i}.py ........\n" for i in range(300)) + (fixtures / "pytest.fail.txt").read_text()
+    cases = [("a source file (496 characters)", ["def handler(request):\n    return respond(request, status=200)\n" * 8]),
+             ("a 20 KB log", [log]), ("a 12 KB failing pytest run", [long_run]),
+             (f"tool output fixtures ({len(reports)}, failing and passing)", reports)]
+    print("## Telling an error by its form\n")
+    print("| result | µs per result |\n|---|---|")
+    for name, results in cases:
+        rounds = (20_000 if not quick else 2_000) // len(results)
+        started = time.perf_counter()
+        for _ in range(rounds):
+            for result in results:
+                is_error_form(result)
+        print(f"| {name} | {(time.perf_counter() - started) / (rounds * len(results)) * 1e6:.1f} |")
     print()
 
 

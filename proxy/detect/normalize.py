@@ -60,7 +60,7 @@ _VALIDATION = ("must not have additional properties", "must have required proper
                "validation error")
 # The failure reports of the tools coding agents run, each anchored where its form lives: a line's start,
 # a summary line. A test runner's summary and a build's verdict come last, so the tail is read as well.
-_TOOL_TAIL = 1500
+_TOOL_TAIL = 1000
 _TOOL_FAILURE = re.compile(
     r"""^[\x20\t]*(?:
         FAILED\x20[^\s:]+::\S                                   # pytest: FAILED tests/test_a.py::test_x
@@ -86,8 +86,8 @@ _TOOL_FAILURE = re.compile(
     )""",
     re.MULTILINE | re.VERBOSE,
 )
-# Only text holding one of these can hold a form above (a plain substring test costs little).
-_TOOL_HINTS = ("FAIL", "fail", "rror", "ERR", "TIMED", "timed", "Timed")
+# Every form above holds one of these, in lower case: the pattern is tried only on the lines that do.
+_TOOL_HINTS = ("fail", "rror", "err!", "timed out")
 
 
 def _hex_id(match: re.Match) -> str:
@@ -141,17 +141,26 @@ def is_error_form(text: str) -> bool:
         return True
     if any(form in lowered for form in _VALIDATION):
         return True
-    return _tool_failure(text)
+    if _tool_failure(head, lowered):
+        return True
+    if len(text) <= _ERROR_HEAD:
+        return False
+    # The rest, up to its last _TOOL_TAIL characters: a test run's summary and a build's verdict come last.
+    tail = text[text.rfind("\n", 0, max(_ERROR_HEAD, len(text) - _TOOL_TAIL)) + 1:]
+    return _tool_failure(tail, tail.lower())
 
 
-def _tool_failure(text: str) -> bool:
-    """A test runner's, compiler's, build tool's or editor's failure report, or a timeout."""
-    if len(text) <= _ERROR_HEAD + _TOOL_TAIL:
-        parts = (text,)
-    else:  # where the forms live: the report's start and its summary at the end
-        parts = (text[:_ERROR_HEAD], text[text.find("\n", len(text) - _TOOL_TAIL) + 1:])
-    return any(any(hint in part for hint in _TOOL_HINTS) and _TOOL_FAILURE.search(part) is not None
-               for part in parts)
+def _tool_failure(text: str, lowered: str) -> bool:
+    """A test runner's, compiler's, build tool's or editor's failure report, or a timeout, on a line of `text`
+    (`lowered` is the same text in lower case)."""
+    for hint in _TOOL_HINTS:
+        at = lowered.find(hint)
+        while at >= 0:
+            if _TOOL_FAILURE.match(text, text.rfind("\n", 0, at) + 1):
+                return True
+            end = text.find("\n", at)
+            at = lowered.find(hint, end) if end >= 0 else -1
+    return False
 
 
 def excerpt(text: str, limit: int = 120) -> str:

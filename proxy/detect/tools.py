@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -81,6 +82,13 @@ def cycle_rounds(period: int, threshold: int) -> int:
     return threshold if period < LONG_CYCLE else max(2, threshold - 1)
 
 
+@functools.cache
+def _matches_needed(threshold: int) -> tuple[int, ...]:
+    """Per period k (index k), the calls in a row equal to the call k before that make a loop: all of the
+    rounds but the first."""
+    return (0,) + tuple(k * (cycle_rounds(k, threshold) - 1) for k in range(1, MAX_CYCLE + 1))
+
+
 class ToolTracker:
     """Streaks for every period 1..MAX_CYCLE, error counts and the run of one error answering consecutive
     calls, for one task. Constant memory but the error table."""
@@ -125,9 +133,9 @@ class ToolTracker:
         self._recent = (recent + [call])[-MAX_CYCLE:]
 
         found: list[ToolFinding] = []
+        needed = _matches_needed(threshold)
         for k in range(1, MAX_CYCLE + 1):
-            # A period-k pattern repeated its rounds: all but its first k calls match.
-            if runs[k] >= k * (cycle_rounds(k, threshold) - 1):
+            if runs[k] >= needed[k]:
                 cycle = tuple(c for c in self._recent[-k:] if c is not None)
                 found.append(ToolFinding("tool_call" if k == 1 else "tool_cycle", cycle, runs[k] // k + 1))
                 break
@@ -150,7 +158,8 @@ class ToolTracker:
         alone are the rule above's; an error that says nothing but its exit code is no evidence of one cause."""
         calls = self._error_calls
         if not call.says_something:
-            self._error_run, self._error_calls = 0, []
+            if calls:
+                self._error_run, self._error_calls = 0, []
             return []
         if calls and calls[-1].error != call.error:
             self._error_run, calls = 0, []
