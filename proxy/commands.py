@@ -176,7 +176,7 @@ def _table(columns: list[str], rows: list[dict], empty: str) -> str:
 
 
 
-_SECRETS = ("upstream_api_key", "judge_api_key", "admin_token")
+_SECRETS = ("upstream_api_key", "anthropic_upstream_api_key", "judge_api_key", "admin_token")
 
 
 def describe_config(settings, sources: dict[str, str]) -> str:

@@ -33,6 +33,8 @@ class ConfigError(ValueError):
 class Settings:
     upstream_url: str = "https://api.openai.com/v1"
     upstream_api_key: str | None = None
+    anthropic_upstream_url: str = "https://api.anthropic.com"
+    anthropic_upstream_api_key: str | None = None
     host: str = "127.0.0.1"
     port: int = 8989
     database_url: str = "sqlite+aiosqlite:///./loopwarden.db"
@@ -78,7 +80,8 @@ MODES = ("enforce", "observe")
 _CHOICES = {"preset": tuple(PRESETS), "warning_role": WARNING_ROLES, "mode": MODES,
             "log_level": ("debug", "info", "warning", "error")}
 _OPTIONAL_TEXT = frozenset(
-    {"upstream_api_key", "admin_token", "judge_url", "judge_model", "judge_api_key", "judge_confirm_model"}
+    {"upstream_api_key", "anthropic_upstream_api_key", "admin_token", "judge_url", "judge_model", "judge_api_key",
+     "judge_confirm_model"}
 )
 _MIN = {
     "port": 1,
@@ -214,7 +217,7 @@ def resolve(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] |
 
 
 def _validate(settings: Settings) -> None:
-    for name in ("upstream_url", "judge_url"):
+    for name in ("upstream_url", "anthropic_upstream_url", "judge_url"):
         url = getattr(settings, name)
         if url is None:
             continue

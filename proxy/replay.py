@@ -26,6 +26,7 @@ from proxy.detect.engine import (
     fingerprints_of,
     model_text,
 )
+from proxy.wire import messages as anthropic_messages
 from proxy.wire.chat import RequestError, tool_calls
 from proxy.wire.responses import conversation_of
 
@@ -60,12 +61,24 @@ def _record(value: object, source: str) -> Record:
     model = value.get("model") if isinstance(value.get("model"), str) else None
     messages = value.get("messages")
     if messages is not None:
-        if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
-            return Record(source, messages, streamed, model)
-        raise RequestError("'messages' must be an array of objects")
+        if not (isinstance(messages, list) and all(isinstance(m, dict) for m in messages)):
+            raise RequestError("'messages' must be an array of objects")
+        if _is_anthropic(value):
+            return Record(source, anthropic_messages.conversation_of(value).messages, streamed, model)
+        return Record(source, messages, streamed, model)
     if "input" in value:
         return Record(source, conversation_of(value).messages, streamed, model)
-    raise RequestError("neither `messages` (chat completions) nor `input` (Responses) in this record")
+    raise RequestError("neither `messages` (chat completions, Messages) nor `input` (Responses) in this record")
+
+
+_ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})
+
+
+def _is_anthropic(body: dict) -> bool:
+    """A Messages body: a top-level `system`, or the blocks only Messages has."""
+    return "system" in body or any(
+        isinstance(block, dict) and block.get("type") in _ANTHROPIC_BLOCKS
+        for message in body["messages"] if isinstance(message.get("content"), list) for block in message["content"])
 
 
 def _files(paths: list[str]) -> Iterator[Path]:

@@ -1,8 +1,9 @@
-"""A fake OpenAI-compatible upstream: a real aiohttp server that plays scripted turns.
+"""A fake upstream speaking Chat Completions, the Responses API and Anthropic's Messages API: a real aiohttp
+server that plays scripted turns.
 
 It streams the way providers do: a role chunk first, content in small deltas,
 tool-call arguments split mid-token, several tool calls per response, a usage
-chunk with empty `choices`, `: keep-alive` comments, optional slow chunks,
+chunk with empty `choices`, `: keep-alive` comments (Anthropic's `ping` events), optional slow chunks,
 error statuses, connections dropped mid-stream, and whole streams sent in one burst.
 """
 
@@ -37,6 +38,7 @@ class Turn:
     reject_response_format: tuple[str, ...] = ()  # answer 400 to these response_format types
     keepalive: bool = True
     burst: bool = False  # the whole stream in one write, as fast local models and buffering gateways send it
+    thinking: str | None = None  # Messages: a signed thinking block before the answer
 
 
 @dataclass
@@ -84,6 +86,7 @@ class FakeUpstream:
         app = web.Application(client_max_size=1024**3, middlewares=[_validates])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/messages", self._messages)
         self.stored: dict[str, dict] = {}  # responses kept (store on), by id
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/embeddings", self._embeddings)
@@ -120,6 +123,14 @@ class FakeUpstream:
     @property
     def responses_raw(self) -> list[bytes]:
         return [r.body for r in self.requests if r.path == "/v1/responses"]
+
+    @property
+    def messages_requests(self) -> list[dict]:
+        return [r.json for r in self.requests if r.path == "/v1/messages"]
+
+    @property
+    def messages_raw(self) -> list[bytes]:
+        return [r.body for r in self.requests if r.path == "/v1/messages"]
 
     @property
     def judge_requests(self) -> list[dict]:
@@ -326,6 +337,75 @@ class FakeUpstream:
                             arguments=arguments)
             yield event("response.output_item.done", output_index=index, item=item)
         yield event("response.completed", response=response)
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic's Messages API: content blocks, and `message_start`, `content_block_*`, `ping`,
+        `message_delta` with usage and `message_stop` events, `input_json_delta` split mid-token."""
+        received = await self._record(request)
+        body = received.json
+        if not isinstance(body.get("max_tokens"), int):
+            return web.json_response({"type": "error", "error": {"type": "invalid_request_error",
+                                                                 "message": "max_tokens: Field required"}}, status=400)
+        turn = self._next_turn(body)
+        if turn.latency:
+            await asyncio.sleep(turn.latency)
+        if turn.status != 200:
+            return web.json_response(turn.error or {"type": "error", "error": {"type": "overloaded_error",
+                                                                               "message": "Overloaded"}},
+                                     status=turn.status)
+        number = next(self._ids)
+        content: list[dict] = []
+        if turn.thinking is not None:
+            content.append({"type": "thinking", "thinking": turn.thinking, "signature": f"sig-{number}-EqQBCkgIARAB"})
+        if turn.content is not None:
+            content.append({"type": "text", "text": turn.content})
+        for i, (name, args) in enumerate(turn.tool_calls):
+            content.append({"type": "tool_use", "id": f"toolu_{number:04d}_{i}", "name": name,
+                            "input": orjson.loads(args) if isinstance(args, str) else args})
+        message = {"id": f"msg_{number:04d}", "type": "message", "role": "assistant", "model": body.get("model"),
+                   "content": content, "stop_reason": "tool_use" if turn.tool_calls else "end_turn",
+                   "stop_sequence": None,
+                   "usage": {"input_tokens": len(received.body) // 4, "output_tokens": 5,
+                             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}
+        headers = {"request-id": f"req_{number:04d}", **turn.headers}
+        if not body.get("stream"):
+            return web.json_response(message, headers=headers)
+        return await self._stream(request, list(self._message_events(message, turn)), turn, headers)
+
+    @staticmethod
+    def _message_events(message: dict, turn: Turn):
+        def event(kind: str, **data) -> bytes:
+            return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
+
+        yield event("message_start", message={**message, "content": [], "stop_reason": None,
+                                              "usage": {**message["usage"], "output_tokens": 1}})
+        if turn.keepalive:
+            yield event("ping")
+        step = max(1, turn.chunk_chars)
+        for index, block in enumerate(message["content"]):
+            if block["type"] == "thinking":
+                yield event("content_block_start", index=index,
+                            content_block={"type": "thinking", "thinking": "", "signature": ""})
+                yield event("content_block_delta", index=index,
+                            delta={"type": "thinking_delta", "thinking": block["thinking"]})
+                yield event("content_block_delta", index=index,
+                            delta={"type": "signature_delta", "signature": block["signature"]})
+            elif block["type"] == "text":
+                yield event("content_block_start", index=index, content_block={"type": "text", "text": ""})
+                for start in range(0, len(block["text"]), step):
+                    yield event("content_block_delta", index=index,
+                                delta={"type": "text_delta", "text": block["text"][start:start + step]})
+            else:
+                yield event("content_block_start", index=index,
+                            content_block={"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}})
+                arguments = orjson.dumps(block["input"]).decode()
+                for start in range(0, len(arguments), 7):  # split mid key, mid value, mid escape
+                    yield event("content_block_delta", index=index,
+                                delta={"type": "input_json_delta", "partial_json": arguments[start:start + 7]})
+            yield event("content_block_stop", index=index)
+        yield event("message_delta", delta={"stop_reason": message["stop_reason"], "stop_sequence": None},
+                    usage={"output_tokens": message["usage"]["output_tokens"]})
+        yield event("message_stop")
 
     async def _models(self, request: web.Request) -> web.Response:
         await self._record(request)

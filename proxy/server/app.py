@@ -21,6 +21,7 @@ from proxy.server.upstream import (
     UpstreamFailure,
     climbs,
     client_headers,
+    is_anthropic,
     is_read_failure,
     json_error,
     make_client_session,
@@ -31,6 +32,7 @@ from proxy.server.upstream import (
 from proxy.store.store import Store
 from proxy.wire.chat import ChatDialect, RequestError
 from proxy.wire.errors import sse_error_event
+from proxy.wire.messages import MessagesDialect
 from proxy.wire.responses import ResponsesDialect
 
 log = logging.getLogger("loopwarden.server")
@@ -77,7 +79,7 @@ def _check_length(request: web.Request) -> None:
 
 
 def inspected(dialect):
-    """The handler of a path whose conversations are watched: Chat Completions or Responses."""
+    """The handler of a path whose conversations are watched: Chat Completions, Responses or Messages."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         return await _inspected(request, dialect)
@@ -88,20 +90,23 @@ def inspected(dialect):
 async def _inspected(request: web.Request, dialect) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     _check_length(request)
+
+    def refused(message: str, code: str) -> web.Response:  # in the dialect's own error shape
+        return web.Response(status=400, body=dialect.error_body(message, "invalid_request_error", code),
+                            content_type="application/json")
+
     content_type = request.headers.get("Content-Type", "application/json")
     if "json" not in content_type.lower():
-        return json_error(400, f"Content-Type must be application/json, got {content_type!r}",
-                          "invalid_request_error", "invalid_content_type")
+        return refused(f"Content-Type must be application/json, got {content_type!r}", "invalid_content_type")
     raw = await _whole_body(request, settings.max_body_bytes)
     if not raw.strip():
-        return json_error(400, "request body is empty; expected a JSON object", "invalid_request_error",
-                          "invalid_json")
+        return refused("request body is empty; expected a JSON object", "invalid_json")
     try:
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        return json_error(400, f"request body is not valid JSON: {exc}", "invalid_request_error", "invalid_json")
+        return refused(f"request body is not valid JSON: {exc}", "invalid_json")
     if not isinstance(payload, dict):
-        return json_error(400, "request body must be a JSON object", "invalid_request_error", "invalid_json")
+        return refused("request body must be a JSON object", "invalid_json")
 
     metrics = request.app[METRICS]
     guard = request.app[GUARD]
@@ -110,12 +115,12 @@ async def _inspected(request: web.Request, dialect) -> web.StreamResponse:
     try:
         exchange = guard.begin(request, raw, payload, dialect, chain)
     except RequestError as exc:
-        return json_error(400, str(exc), "invalid_request_error", "invalid_value")
+        return refused(str(exc), "invalid_value")
     if exchange.stop is not None:
         return exchange.stop
     headers = upstream_headers(request, settings, identity=True)
     headers.pop("Content-Encoding", None)  # the body goes up as read here, decoded
-    url = upstream_url(settings, dialect.path, request.rel_url.raw_query_string)
+    url = upstream_url(settings, dialect.path, request.rel_url.raw_query_string, dialect is MessagesDialect)
     sent = time.perf_counter()
     metrics.overhead.observe(sent - began)
     async with open_upstream(request.app[CLIENT], "POST", url, headers, exchange.body) as upstream:
@@ -249,7 +254,8 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    """Any other /v1/ path: method, query, headers, body and status, streamed both ways."""
+    """Any other /v1/ path: method, query, headers, body and status, streamed both ways; to the Anthropic
+    upstream when the request carries `anthropic-version` (`count_tokens`, `models`)."""
     settings = request.app[SETTINGS]
     tail = request.rel_url.raw_path[len("/v1"):]
     if climbs(tail):
@@ -260,7 +266,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     if request.content_length is not None:
         headers["Content-Length"] = str(request.content_length)
     data = _body(request, settings.max_body_bytes) if request.body_exists else None
-    url = upstream_url(settings, tail, request.rel_url.raw_query_string)
+    url = upstream_url(settings, tail, request.rel_url.raw_query_string, is_anthropic(request))
     async with open_upstream(request.app[CLIENT], request.method, url, headers, data) as upstream:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
                                       headers=client_headers(upstream))
@@ -400,5 +406,6 @@ def create_app(settings: Settings) -> web.Application:
                                         web.get("/metrics", metrics_page), *admin.routes(guard, settings.admin_token),
                                         web.post("/v1/chat/completions", inspected(ChatDialect)),
                                         web.post("/v1/responses", inspected(ResponsesDialect)),
+                                        web.post("/v1/messages", inspected(MessagesDialect)),
                                         web.route("*", "/v1/{tail:.*}", passthrough)])
     return app

@@ -37,7 +37,6 @@ from proxy.detect.text_steps import task_text
 from proxy.detect.texts import cut_notice, stop_text, warning_text
 from proxy.judge import JUDGE_HEADER, Judge
 from proxy.lru import LRU
-from proxy.server.upstream import json_error
 from proxy.store.store import Chain
 from proxy.store.writer import SessionSeen, utcnow
 from proxy.wire.chat import Conversation, message_text
@@ -58,7 +57,7 @@ def client_key(request: web.Request) -> str:
     auth = request.headers.get("Authorization", "")
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip()
-    return request.headers.get("api-key", "").strip()
+    return (request.headers.get("x-api-key") or request.headers.get("api-key", "")).strip()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -67,13 +66,20 @@ def tenant_of(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def session_of(request: web.Request, messages: list[dict], tenant: str, chain: Chain | None = None) -> str:
+def session_of(request: web.Request, messages: list[dict], tenant: str, chain: Chain | None = None,
+               side: bool = False) -> str:
     """The session's id: a header, else the Responses conversation or the session of the chain the request
     continues, else a fingerprint of the key and how the conversation began. State is kept per (tenant,
-    id), never per id alone."""
+    id), never per id alone. Claude Code's subagents and its side requests (`side`: a title asked for with no
+    tools) share its session header but are conversations of their own."""
     for header in SESSION_HEADERS:
         value = request.headers.get(header, "").strip()
         if value:
+            agent = request.headers.get("x-claude-code-agent-id", "").strip()
+            if agent:
+                value = f"{value}/agent-{agent}"
+            elif side and header == "X-Claude-Code-Session-Id":
+                value += "/side"
             return value[:256]
     if chain is not None and chain.conversation_id:
         return _printable(chain.conversation_id)[:256]
@@ -175,16 +181,20 @@ class WatchedExchange(Exchange):
         return True
 
     def _ending(self, episode: Episode) -> bytes:
-        """Count the episode and build the stream's last bytes: the notice and a clean stop, or the stop's error."""
+        """Count the episode and build the stream's last bytes: the notice and a clean stop, or the stop's error
+        (in a dialect whose clients resume after an error event, the stop ends as a cut does, and the next
+        request is refused)."""
         saved = max(0, self._max_completion - len(self._assembler.text) // 4)
-        if episode.is_stop:
+        if episode.is_stop and not self._assembler.stop_is_cut:
             self._guard.log_episode(self._context, episode, "stopped", self.request_id, saved)
             return self._assembler.stop_ending(error_object(stop_text(episode), "loop_detected", "loop_detected"))
         notice = cut_notice(episode) if self._cut_notice else None
+        action = "stopped" if episode.is_stop else "cut"
         # With the notice, later requests show the cut was served (and logged) here: the row is this response's.
-        self._guard.log_episode(self._context, episode, "cut", self.request_id, saved,
-                                served_by=self._assembler.response_id if notice else None)
-        ending = self._assembler.cut_ending({"loop": episode.type, "action": "cut",
+        # A stop is one row however it was served: the next request, refused, finds the same key.
+        self._guard.log_episode(self._context, episode, action, self.request_id, saved,
+                                served_by=self._assembler.response_id if notice and not episode.is_stop else None)
+        ending = self._assembler.cut_ending({"loop": episode.type, "action": action,
                                              "episode": f"{episode.number}/{episode.limit}"}, notice)
         if self._on_answer is not None:
             message = self._assembler.message()
@@ -270,7 +280,8 @@ class Guard:
         conversation: Conversation = dialect.read(payload, chain.messages if chain is not None else None)
         messages = conversation.messages
         tenant = tenant_of(client_key(request))
-        session_id = session_of(request, messages, tenant, chain)
+        side = dialect.name == "messages" and not payload.get("tools")
+        session_id = session_of(request, messages, tenant, chain, side)
         headers = {"X-Loopwarden-Session": session_id}
         model = payload.get("model") if isinstance(payload.get("model"), str) else None
         key = (tenant, session_id)
@@ -299,9 +310,10 @@ class Guard:
             self.log_episode(context, stop, "stopped", None, len(raw) // 4)
             if not observe:
                 exchange = Exchange(raw, headers)
-                exchange.stop = json_error(400, stop_text(stop), "loop_detected", "loop_detected",
-                                           headers={**headers, "X-Loopwarden-Loop": stop.type,
-                                                    "x-should-retry": "false"})
+                exchange.stop = web.Response(status=400, content_type="application/json",
+                                             body=dialect.error_body(stop_text(stop), "loop_detected", "loop_detected"),
+                                             headers={**headers, "X-Loopwarden-Loop": stop.type,
+                                                      "x-should-retry": "false"})
                 return exchange
 
         body = raw
@@ -334,7 +346,9 @@ class Guard:
                                    on_answer, cut_notice=settings.cut_notice, observe=observe)
         if warnings and stop is None:  # after an observed would-be stop, the task logs nothing more
             exchange.on_delivered = lambda request_id: self._log_warnings(context, warnings, request_id)
-        if self.judge is not None and settings.llm_check and key not in self._judging and model and \
+        # The judge speaks Chat Completions: a Messages session is judged only where JUDGE_URL points it.
+        judged = dialect.name != "messages" or settings.judge_url is not None
+        if self.judge is not None and settings.llm_check and judged and key not in self._judging and model and \
                 check_due(state.turns, settings.llm_check_after_turns, checks):
             exchange.after_forward = lambda: self._start_judge(key, context, state, messages, client_key(request))
         return exchange

@@ -47,6 +47,11 @@ def json_error(status: int, message: str, type_: str, code: str | None = None,
                         headers=headers)
 
 
+def is_anthropic(request: web.Request) -> bool:
+    """A request in the Anthropic dialect: it goes to ANTHROPIC_UPSTREAM_URL."""
+    return "anthropic-version" in request.headers or request.path == "/v1/messages"
+
+
 def upstream_headers(request: web.Request, settings: Settings, *, identity: bool) -> CIMultiDict[str]:
     headers: CIMultiDict[str] = CIMultiDict()
     for name, value in request.headers.items():
@@ -54,7 +59,11 @@ def upstream_headers(request: web.Request, settings: Settings, *, identity: bool
         if lower in _NOT_FORWARDED_UP or lower.startswith("x-loopwarden-"):
             continue
         headers.add(name, value)
-    if settings.upstream_api_key:
+    if is_anthropic(request):
+        if settings.anthropic_upstream_api_key:  # whichever auth style the client used, the key replaces it
+            headers.popall("Authorization", None)
+            headers["x-api-key"] = settings.anthropic_upstream_api_key
+    elif settings.upstream_api_key:
         headers["Authorization"] = f"Bearer {settings.upstream_api_key}"
     if identity:
         # The tap reads the bytes as they are; compressed SSE would need a second decode.
@@ -70,10 +79,15 @@ def client_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
     return headers
 
 
-def upstream_url(settings: Settings, raw_path_after_v1: str, raw_query: str = "") -> URL:
+def upstream_url(settings: Settings, raw_path_after_v1: str, raw_query: str = "", anthropic: bool = False) -> URL:
     """The upstream URL for a path under /v1, with the path and query as the client encoded them: decoded and
-    encoded again, `%2F` or `%26` would change meaning, and `..` would be resolved."""
-    base = str(URL(settings.upstream_url)).rstrip("/")
+    encoded again, `%2F` or `%26` would change meaning, and `..` would be resolved. The Anthropic base URL is
+    given without `/v1`, as ANTHROPIC_BASE_URL is (with it, it is not doubled)."""
+    if anthropic:
+        base = str(URL(settings.anthropic_upstream_url)).rstrip("/")
+        base = base if base.endswith("/v1") else base + "/v1"
+    else:
+        base = str(URL(settings.upstream_url)).rstrip("/")
     return URL(base + raw_path_after_v1 + (f"?{raw_query}" if raw_query else ""), encoded=True)
 
 

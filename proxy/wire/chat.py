@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from proxy.wire.errors import error_body
 
 @dataclass
 class Conversation:
@@ -102,6 +103,8 @@ class ChatDialect:
     def stream() -> "ChatStream":
         return ChatStream()
 
+    error_body = staticmethod(error_body)  # the OpenAI shape
+
 
 class ChatStream:
     """Rebuilds choice 0's assistant message from `chat.completion.chunk` objects, and ends a stream the
@@ -112,6 +115,7 @@ class ChatStream:
     """
 
     __slots__ = ("_text", "_calls", "finish_reason", "usage", "model", "response_id")
+    stop_is_cut = False  # the stop reached mid-stream ends with an error event
 
     def __init__(self) -> None:
         self._text: list[str] = []

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from proxy.wire.chat import Conversation, RequestError, message_text, sse
+from proxy.wire.errors import error_body
 
 CALL_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell_call"})
 OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output", "local_shell_call_output"})
@@ -139,6 +140,8 @@ class ResponsesDialect:
     def stream() -> "ResponsesStream":
         return ResponsesStream()
 
+    error_body = staticmethod(error_body)  # the OpenAI shape
+
 
 def assistant_message(output: list) -> dict:
     text = []
@@ -159,6 +162,8 @@ def assistant_message(output: list) -> dict:
 class ResponsesStream:
     """Follows `response.*` events: the text as it streams, calls as they begin, the finished turn; and
     ends a stream the proxy cuts the way a finished response ends."""
+
+    stop_is_cut = False  # the stop reached mid-stream ends with an error event
 
     def __init__(self) -> None:
         self.response: dict = {}
