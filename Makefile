@@ -4,8 +4,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 AGENTS_VENV := .venv-agents
 AGENTS_STAMP := $(AGENTS_VENV)/.installed
+CLAUDE_CODE := @anthropic-ai/claude-code@2.1.330
 
-.PHONY: serve test bench migrate clean agents-check
+.PHONY: serve test bench migrate clean agents-check chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,18 +24,33 @@ migrate: $(STAMP)
 	$(BIN)/loopwarden migrate
 
 # The main suite, then the real-agent checks (below) in their own environment.
-test: $(STAMP) $(AGENTS_STAMP)
+test: $(STAMP) $(AGENTS_STAMP) chromium
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory agents-check
 
-# smolagents, LlamaIndex, DSPy and the OpenAI Agents SDK driven through loopwarden, in an environment of
-# their own. The Agents SDK goes in last: it wants a newer openai than LlamaIndex declares (which works).
-# Those packages leave their HTTP clients open at exit, hence the two warnings ignored here only.
+# The page tests drive Debian's Chromium (Playwright's own browser download is not used): installed when missing.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing Debian's chromium for the page tests"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		else \
+			echo "chromium is missing and cannot be installed here (it needs root and apt-get): the page tests will not run"; \
+		fi; }
+
+# smolagents, LlamaIndex, DSPy, pydantic-ai, the OpenAI Agents SDK and Claude Code (from npm, pinned) driven
+# through loopwarden, in an environment of their own. The Agents SDK goes in last: it wants a newer openai than
+# LlamaIndex declares (which works). Those packages leave their HTTP clients open at exit, hence the two
+# warnings ignored here only.
 $(AGENTS_STAMP): pyproject.toml setup.py proxy/detect/content.pyx
 	test -x $(AGENTS_VENV)/bin/python || $(PYTHON) -m venv $(AGENTS_VENV)
 	$(AGENTS_VENV)/bin/pip install --quiet --upgrade pip
 	$(AGENTS_VENV)/bin/pip install --quiet -e '.[dev,agents]'
 	$(AGENTS_VENV)/bin/pip install --quiet 'openai-agents>=0.20'
+	@if command -v npm >/dev/null 2>&1; then \
+		mkdir -p $(AGENTS_VENV)/node && cd $(AGENTS_VENV)/node && \
+		npm install --silent --no-audit --no-fund $(CLAUDE_CODE); \
+	else echo "npm is missing: the Claude Code check will not run (install Node.js and npm)"; fi
 	touch $@
 
 agents-check: $(AGENTS_STAMP)

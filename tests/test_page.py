@@ -24,7 +24,7 @@ XSS_ARGS = {"path": "<script>window.__pwned=2</script>", "html": "<b onmouseover
 async def browser():
     if not os.path.exists(CHROMIUM):
         if os.environ.get("CI"):
-            pytest.fail(f"no Chromium at {CHROMIUM}: .ci/run installs Debian's chromium package")
+            pytest.fail(f"no Chromium at {CHROMIUM}: make test installs Debian's chromium package")
         pytest.skip("no Chromium installed (apt-get install chromium) for the page tests")
     from playwright.async_api import async_playwright
 

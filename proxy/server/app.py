@@ -403,6 +403,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_routes(web.RouteDef(route.method, route.path, route.handler,
                                        {**route.kwargs, "expect_handler": expect_continue})
                           for route in [web.get("/healthz", healthz), web.get("/readyz", readyz),
+                                        web.get("/", healthz),  # clients probe the base URL (Claude Code: HEAD /)
                                         web.get("/metrics", metrics_page), *admin.routes(guard, settings.admin_token),
                                         web.post("/v1/chat/completions", inspected(ChatDialect)),
                                         web.post("/v1/responses", inspected(ResponsesDialect)),

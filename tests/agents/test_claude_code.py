@@ -1,0 +1,61 @@
+"""Claude Code itself (`claude -p --bare`, pinned in the Makefile) pointed at loopwarden with ANTHROPIC_BASE_URL,
+in front of a scripted model that repeats one Bash call forever, or chants. It runs with the other real-agent
+checks (`make agents-check`), which install it with npm."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.agents.scripted_upstream import responder
+
+CLAUDE = Path(__file__).parents[2] / ".venv-agents" / "node" / "node_modules" / ".bin" / "claude"
+pytestmark = pytest.mark.skipif(not CLAUDE.exists() and os.environ.get("CI") != "true",
+                                reason="Claude Code is not installed (make agents-check installs it with npm)")
+
+
+async def run_claude(root: str, prompt: str, workdir: Path) -> tuple[int, str]:
+    if not CLAUDE.exists():
+        pytest.fail(f"no Claude Code at {CLAUDE}: make agents-check installs it with npm")
+    env = {"PATH": os.environ["PATH"], "HOME": str(workdir), "ANTHROPIC_BASE_URL": root,
+           "ANTHROPIC_API_KEY": "sk-ant-any-key", "DISABLE_AUTOUPDATER": "1",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    process = await asyncio.create_subprocess_exec(
+        str(CLAUDE), "-p", prompt, "--bare", "--allowedTools", "Bash", cwd=workdir, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=120)
+    return process.returncode, output.decode()
+
+
+def turns(upstream) -> list[dict]:
+    """The agent's own turns (Claude Code's side requests carry no tools)."""
+    return [body for body in upstream.messages_requests if body.get("tools")]
+
+
+def warnings(body: dict) -> list[str]:
+    return [block["text"] for message in body["messages"] if isinstance(message["content"], list)
+            for block in message["content"] if block.get("type") == "text" and block["text"].startswith("[loopwarden]")]
+
+
+async def test_claude_code_is_warned_twice_then_stopped(upstream, proxy_factory, tmp_path):
+    running = await proxy_factory(upstream.url, anthropic_upstream_url=upstream.url)
+    (tmp_path / "a.txt").write_text("hello\n")
+    upstream.responder = responder("loop", "Bash", {"command": "ls", "description": "List the files"}, None)
+    status, output = await run_claude(running.root, "List the files here", tmp_path)
+    assert status == 1, output
+    assert "[loopwarden] Loop detected (tool_call)" in output and "`Bash`" in output
+    seen = turns(upstream)
+    assert len(seen) == 7  # nothing after the stop reached the upstream
+    assert [len(warnings(body)) for body in seen] == [0, 0, 0, 0, 0, 1, 2]
+
+
+async def test_claude_code_chanting_ends_with_the_notice_and_is_not_resumed(upstream, proxy_factory, tmp_path):
+    running = await proxy_factory(upstream.url, anthropic_upstream_url=upstream.url)
+    upstream.responder = responder("chant", "Bash", {}, None)
+    status, output = await run_claude(running.root, "Explain the configuration", tmp_path)
+    assert status == 0, output
+    assert output.rstrip().endswith("[loopwarden] Output cut: the same text repeated 10 times.")
+    assert len(turns(upstream)) == 1
