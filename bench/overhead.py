@@ -27,6 +27,8 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = orjson.dumps({"model": "bench", "messages": [{"role": "system", "content": "You are an agent."},
                                                       {"role": "user", "content": "Fix the failing test."}]})
+MESSAGES_SMALL = orjson.dumps({"model": "bench", "max_tokens": 1024, "system": "You are an agent.",
+                               "messages": [{"role": "user", "content": "Fix the failing test."}]})
 RESPONSES_SMALL = orjson.dumps({"model": "bench", "instructions": "You are an agent.", "store": False,
                                 "input": [{"role": "user", "content": "Fix the failing test."}]})
 
@@ -200,6 +202,40 @@ async def concurrent(timer: Timer, url: str, workers: int, total: int) -> tuple[
     return samples, total / (time.perf_counter() - started)
 
 
+async def dialect_overhead(timer: Timer, targets: dict[str, str], api: str, path: str, small: bytes, rounds: int,
+                           streams: int) -> None:
+    """Another dialect's requests: non-streaming at concurrency 1, then 200 text deltas streamed at once."""
+    print(f"\n## {api}, non-streaming, concurrency 1 ({rounds} requests each, interleaved)\n")
+    samples: dict[str, list[float]] = {name: [] for name in targets}
+    for _ in range(rounds):
+        for name, url in targets.items():
+            samples[name].append(await timer.once(url, small, path=path))
+    print("| target | p50 ms | p99 ms | added p50 ms |\n|---|---|---|---|")
+    for name in targets:
+        print(f"| {name} | {ms(pct(samples[name], .5))} | {ms(pct(samples[name], .99))} | "
+              f"{ms(pct(samples[name], .5) - pct(samples['direct'], .5))} |")
+    added_lw = pct(samples["loopwarden"], .5) - pct(samples["direct"], .5)
+    added_relay = pct(samples["relay"], .5) - pct(samples["direct"], .5)
+    print(f"\nloopwarden's added p50 is {added_lw / added_relay:.2f}x the bare relay's\n")
+
+    body = orjson.dumps({**orjson.loads(small), "stream": True})
+    print(f"## {api}, streaming 200 text deltas as fast as the upstream writes ({streams} streams each, "
+          f"interleaved)\n")
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
+    for _ in range(streams):
+        for name, url in targets.items():
+            results[name].append(await timer.stream(url, body=body, path=path))
+    print("| target | first event p50 ms | total p50 ms | total vs direct | added p50 ms |\n|---|---|---|---|---|")
+    direct_total = statistics.median(t for _, t in results["direct"])
+    for name in targets:
+        first = statistics.median(f for f, _ in results[name])
+        whole = statistics.median(t for _, t in results[name])
+        print(f"| {name} | {ms(first)} | {ms(whole)} | {whole / direct_total:.3f}x | {ms(whole - direct_total)} |")
+    added_lw = statistics.median(t for _, t in results["loopwarden"]) - direct_total
+    added_relay = statistics.median(t for _, t in results["relay"]) - direct_total
+    print(f"\nloopwarden's added total is {added_lw / added_relay:.2f}x the bare relay's\n")
+
+
 async def run(quick: bool) -> None:
     scale = 0.2 if quick else 1.0
     processes = []
@@ -213,7 +249,8 @@ async def run(quick: bool) -> None:
         processes.append(subprocess.Popen([python, str(ROOT / "bench/servers.py"), "relay", str(relay_port),
                                            upstream]))
         processes.append(subprocess.Popen(
-            [python, "-m", "proxy", "serve", "--port", str(lw_port), "--upstream", upstream, "--log-level",
+            [python, "-m", "proxy", "serve", "--port", str(lw_port), "--upstream", upstream,
+             "--anthropic-upstream-url", upstream, "--log-level",
              "warning", "--database-url", f"sqlite+aiosqlite:///{tmp}/bench.db", "--llm-check", "false"],
             cwd=ROOT))
         targets = {"direct": upstream, "relay": f"http://127.0.0.1:{relay_port}/v1",
@@ -259,38 +296,9 @@ async def run(quick: bool) -> None:
                     first = statistics.median(f for f, _ in results[name])
                     whole = statistics.median(t for _, t in results[name])
                     print(f"| {name} | {ms(first)} | {ms(whole)} | {whole / direct_total:.3f}x |")
-            rounds = int(2000 * scale)
-            print(f"\n## Responses API, non-streaming, concurrency 1 ({rounds} requests each, interleaved)\n")
-            samples = {name: [] for name in targets}
-            for _ in range(rounds):
-                for name, url in targets.items():
-                    samples[name].append(await timer.once(url, RESPONSES_SMALL, path="/responses"))
-            print("| target | p50 ms | p99 ms | added p50 ms |\n|---|---|---|---|")
-            for name in targets:
-                print(f"| {name} | {ms(pct(samples[name], .5))} | {ms(pct(samples[name], .99))} | "
-                      f"{ms(pct(samples[name], .5) - pct(samples['direct'], .5))} |")
-            added_lw = pct(samples["loopwarden"], .5) - pct(samples["direct"], .5)
-            added_relay = pct(samples["relay"], .5) - pct(samples["direct"], .5)
-            print(f"\nloopwarden's added p50 is {added_lw / added_relay:.2f}x the bare relay's\n")
-
-            streams = int(300 * scale)
-            body = orjson.dumps({**orjson.loads(RESPONSES_SMALL), "stream": True})
-            print(f"## Responses API, streaming 200 text deltas as fast as the upstream writes "
-                  f"({streams} streams each, interleaved)\n")
-            results = {name: [] for name in targets}
-            for _ in range(streams):
-                for name, url in targets.items():
-                    results[name].append(await timer.stream(url, body=body, path="/responses"))
-            print("| target | first event p50 ms | total p50 ms | total vs direct | added p50 ms |\n|---|---|---|---|---|")
-            direct_total = statistics.median(t for _, t in results["direct"])
-            for name in targets:
-                first = statistics.median(f for f, _ in results[name])
-                whole = statistics.median(t for _, t in results[name])
-                print(f"| {name} | {ms(first)} | {ms(whole)} | {whole / direct_total:.3f}x | "
-                      f"{ms(whole - direct_total)} |")
-            added_lw = statistics.median(t for _, t in results["loopwarden"]) - direct_total
-            added_relay = statistics.median(t for _, t in results["relay"]) - direct_total
-            print(f"\nloopwarden's added total is {added_lw / added_relay:.2f}x the bare relay's\n")
+            for api, path, small in (("Responses API", "/responses", RESPONSES_SMALL),
+                                     ("Messages API", "/messages", MESSAGES_SMALL)):
+                await dialect_overhead(timer, targets, api, path, small, int(2000 * scale), int(300 * scale))
 
             print("\n## Detection on a 200-message conversation with tool calls, and acting in text\n")
             bodies = [orjson.dumps({"model": "bench", "messages": conversation(n)}) for n in range(160, 201, 2)]

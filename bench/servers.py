@@ -95,10 +95,42 @@ async def upstream_responses(request: web.Request) -> web.StreamResponse:
     return response
 
 
+def _message(text: str) -> dict:
+    return {"id": "msg_bench", "type": "message", "role": "assistant", "model": "bench",
+            "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
+            "usage": {"input_tokens": 10, "output_tokens": 8}}
+
+
+def _anthropic_event(kind: str, **data) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
+
+
+async def upstream_messages(request: web.Request) -> web.StreamResponse:
+    """The Messages API: a JSON message, or 200 `text_delta` events between the others."""
+    body = await request.read()
+    if b'"stream":true' not in body.replace(b" ", b""):
+        return web.Response(body=orjson.dumps(_message("All done: the tests pass now.")),
+                            content_type="application/json")
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(_anthropic_event("message_start", message={**_message(""), "content": []}))
+    await response.write(_anthropic_event("content_block_start", index=0, content_block={"type": "text", "text": ""}))
+    for i in range(STREAM_CHUNKS):
+        await response.write(_anthropic_event("content_block_delta", index=0,
+                                              delta={"type": "text_delta", "text": f"token{i} "}))
+    await response.write(_anthropic_event("content_block_stop", index=0))
+    await response.write(_anthropic_event("message_delta", delta={"stop_reason": "end_turn", "stop_sequence": None},
+                                          usage={"output_tokens": STREAM_CHUNKS}))
+    await response.write(_anthropic_event("message_stop"))
+    await response.write_eof()
+    return response
+
+
 def upstream_app() -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", upstream_chat)
     app.router.add_post("/v1/responses", upstream_responses)
+    app.router.add_post("/v1/messages", upstream_messages)
     app.router.add_get("/bench/streaming", lambda _: web.json_response(STREAMING[0]))
     return app
 
@@ -127,6 +159,7 @@ def relay_app(upstream: str) -> web.Application:
     app.cleanup_ctx.append(start)
     app.router.add_post("/v1/chat/completions", relay)
     app.router.add_post("/v1/responses", relay)
+    app.router.add_post("/v1/messages", relay)
     return app
 
 
