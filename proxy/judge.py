@@ -13,6 +13,7 @@ import logging
 import re
 from dataclasses import dataclass
 
+import anthropic
 import openai
 import orjson
 
@@ -103,22 +104,32 @@ def parse_answer(text: str | None) -> tuple[float | None, str]:
 
 
 class Judge:
-    def __init__(self, base_url: str, api_key: str | None, timeout: float, concurrency: int) -> None:
+    """Asks over Chat Completions (`base_url`), or, for a session in the Messages dialect with no JUDGE_URL, the
+    Anthropic upstream in its own dialect (`anthropic_url`)."""
+
+    def __init__(self, base_url: str, api_key: str | None, timeout: float, concurrency: int,
+                 anthropic_url: str | None = None, anthropic_api_key: str | None = None) -> None:
         self.base_url = base_url
         self.api_key = api_key
+        self.anthropic_url = anthropic_url
+        self.anthropic_api_key = anthropic_api_key
         self.timeout = timeout
         self._limit = asyncio.Semaphore(concurrency)
-        self._clients: dict[str, openai.AsyncOpenAI] = {}
+        self._clients: dict[tuple[bool, str], openai.AsyncOpenAI | anthropic.AsyncAnthropic] = {}
         self._closing: set[asyncio.Task] = set()
         self._formats: dict[str, int] = {}  # per model: the first response format it accepted
 
-    def _client(self, key: str) -> openai.AsyncOpenAI:
-        """One client (and connection pool) per key in use, the least recently used closed past a bound."""
-        client = self._clients.pop(key, None)
-        if client is None:
+    def _client(self, key: str, messages_api: bool) -> openai.AsyncOpenAI | anthropic.AsyncAnthropic:
+        """One client (and connection pool) per key and dialect in use, the least recently used closed past a
+        bound."""
+        client = self._clients.pop((messages_api, key), None)
+        if client is None and messages_api:
+            client = anthropic.AsyncAnthropic(base_url=self.anthropic_url, api_key=key or "none", max_retries=0,
+                                              timeout=self.timeout, default_headers={JUDGE_HEADER: "1"})
+        elif client is None:
             client = openai.AsyncOpenAI(base_url=self.base_url, api_key=key or "none", max_retries=0,
                                         timeout=self.timeout, default_headers={JUDGE_HEADER: "1"})
-        self._clients[key] = client  # most recent last
+        self._clients[(messages_api, key)] = client  # most recent last
         if len(self._clients) > MAX_CLIENTS:
             oldest = next(iter(self._clients))
             task = asyncio.get_running_loop().create_task(self._clients.pop(oldest).close())
@@ -132,15 +143,19 @@ class Judge:
             await client.close()
         self._clients.clear()
 
-    async def ask(self, model: str, client_key: str, request: str, window: list[dict]) -> Answer:
+    async def ask(self, model: str, client_key: str, request: str, window: list[dict],
+                  messages_api: bool = False) -> Answer:
         """One model's answer; never raises (a failure is an answer without confidence)."""
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": render(request,
-                                                                                                        window)}]
-        client = self._client(self.api_key or client_key)
+        shown = render(request, window)
+        key = (self.anthropic_api_key if messages_api else self.api_key) or client_key
+        client = self._client(key, messages_api)
         async with self._limit:
             try:
                 async with asyncio.timeout(self.timeout):
-                    return await self._ask(client, model, messages)
+                    if messages_api:
+                        return await self._ask_messages(client, model, shown)
+                    return await self._ask(client, model, [{"role": "system", "content": SYSTEM_PROMPT},
+                                                           {"role": "user", "content": shown}])
             except Exception as exc:  # timeouts, HTTP errors, refusals: no verdict
                 log.info("judge %s gave no verdict: %s", model, str(exc).splitlines()[0] if str(exc) else
                          type(exc).__name__)
@@ -164,13 +179,21 @@ class Judge:
             return Answer(confidence, analysis, tokens)
         return Answer(None, "", 0)
 
+    @staticmethod
+    async def _ask_messages(client: anthropic.AsyncAnthropic, model: str, shown: str) -> Answer:
+        message = await client.messages.create(model=model, max_tokens=400, system=SYSTEM_PROMPT,
+                                               messages=[{"role": "user", "content": shown}])
+        text = "".join(block.text for block in message.content if block.type == "text")
+        confidence, analysis = parse_answer(text)
+        return Answer(confidence, analysis, message.usage.input_tokens + message.usage.output_tokens)
+
     async def check(self, task: str, turn: int, model: str, confirm_model: str | None, client_key: str,
-                    request: str, window: list[dict]) -> tuple[JudgeCheck, int]:
-        first = await self.ask(model, client_key, request, window)
+                    request: str, window: list[dict], messages_api: bool = False) -> tuple[JudgeCheck, int]:
+        first = await self.ask(model, client_key, request, window, messages_api)
         tokens = first.tokens
         confirm = None
         if confirm_model and first.confidence is not None and first.confidence >= LOOP_CONFIDENCE:
-            second = await self.ask(confirm_model, client_key, request, window)
+            second = await self.ask(confirm_model, client_key, request, window, messages_api)
             tokens += second.tokens
             confirm = second.confidence
         return JudgeCheck(task, turn, first.confidence, confirm, first.analysis), tokens

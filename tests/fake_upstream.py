@@ -126,7 +126,8 @@ class FakeUpstream:
 
     @property
     def messages_requests(self) -> list[dict]:
-        return [r.json for r in self.requests if r.path == "/v1/messages"]
+        """The agent's Messages requests (not the judge's)."""
+        return [r.json for r in self.requests if r.path == "/v1/messages" and "X-Loopwarden-Judge" not in r.headers]
 
     @property
     def messages_raw(self) -> list[bytes]:
@@ -346,7 +347,10 @@ class FakeUpstream:
         if not isinstance(body.get("max_tokens"), int):
             return web.json_response({"type": "error", "error": {"type": "invalid_request_error",
                                                                  "message": "max_tokens: Field required"}}, status=400)
-        turn = self._next_turn(body)
+        if "X-Loopwarden-Judge" in received.headers and self.judge is not None:
+            turn = self.judge(body)
+        else:
+            turn = self._next_turn(body)
         if turn.latency:
             await asyncio.sleep(turn.latency)
         if turn.status != 200:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import anthropic
 import orjson
@@ -294,3 +296,26 @@ async def test_observe_mode_and_a_model_policy_on_claude_model_names(upstream, p
 def _write(path, body: dict):
     path.write_bytes(orjson.dumps(body))
     return path
+
+
+async def test_the_judge_asks_the_messages_upstream_in_its_own_dialect(upstream, proxy_factory):
+    running = await proxy_factory(upstream.url, anthropic_upstream_url=upstream.url, llm_check_after_turns=3)
+    upstream.judge = lambda body: Turn(content='{"analysis": "it re-reads files without using them", '
+                                              '"confidence": 0.95}')
+    agent = ClaudeAgent(running.root, headers={"X-Claude-Code-Session-Id": "judged"})
+    for i in range(3):
+        await call_loop(agent, upstream, 1, f"file {i}", name="Read", args={"file_path": f"src/f{i}.py"})
+    await call_loop(agent, upstream, 1, "file 3", name="Read", args={"file_path": "src/f3.py"})  # the check's turn
+    for _ in range(100):
+        if any("X-Loopwarden-Judge" in r.headers for r in upstream.requests):
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.1)
+    (asked,) = [r for r in upstream.requests if "X-Loopwarden-Judge" in r.headers]
+    assert asked.path == "/v1/messages" and asked.json["model"] == agent.model
+    assert asked.json["system"].startswith("You review the work of an autonomous AI agent")
+    assert asked.headers["authorization"] == "Bearer sk-ant-agent-key-1"  # the client's own key
+    await call_loop(agent, upstream, 1, "file 4", name="Read", args={"file_path": "src/f4.py"})
+    (*_, text), = warnings_in(upstream.messages_requests[-1])
+    assert text.startswith("[loopwarden] Loop detected (1/2)") and "re-reads files" in text
+    await agent.close()

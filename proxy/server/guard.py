@@ -238,7 +238,9 @@ class Guard:
         self._per_model: LRU = LRU(256)
         self.judge = Judge(settings.judge_url or settings.upstream_url,
                            settings.judge_api_key or settings.upstream_api_key, settings.judge_timeout,
-                           settings.judge_concurrency) if settings.llm_check and store is not None else None
+                           settings.judge_concurrency, settings.anthropic_upstream_url.rstrip("/").removesuffix("/v1"),
+                           settings.judge_api_key or settings.anthropic_upstream_api_key,
+                           ) if settings.llm_check and store is not None else None
         self._judging: dict[tuple[str, str], asyncio.Task] = {}
 
     async def start(self) -> None:
@@ -346,9 +348,7 @@ class Guard:
                                    on_answer, cut_notice=settings.cut_notice, observe=observe)
         if warnings and stop is None:  # after an observed would-be stop, the task logs nothing more
             exchange.on_delivered = lambda request_id: self._log_warnings(context, warnings, request_id)
-        # The judge speaks Chat Completions: a Messages session is judged only where JUDGE_URL points it.
-        judged = dialect.name != "messages" or settings.judge_url is not None
-        if self.judge is not None and settings.llm_check and judged and key not in self._judging and model and \
+        if self.judge is not None and settings.llm_check and key not in self._judging and model and \
                 check_due(state.turns, settings.llm_check_after_turns, checks):
             exchange.after_forward = lambda: self._start_judge(key, context, state, messages, client_key(request))
         return exchange
@@ -375,8 +375,10 @@ class Guard:
 
     async def _judge_task(self, key, context, task_key, turn, model, key_of_client, request, window) -> None:
         try:
+            # A Messages session is judged in its own dialect by its own upstream, unless JUDGE_URL names one.
+            messages_api = context["api"] == "messages" and self.settings.judge_url is None
             check, tokens = await self.judge.check(task_key, turn, model, self.settings.judge_confirm_model,
-                                                   key_of_client, request, window)
+                                                   key_of_client, request, window, messages_api)
             self.store.record_judge_check(context["tenant"], context["session_id"], check, model, tokens)
             if self.metrics is not None:
                 outcome = "none" if check.confidence is None else \
