@@ -58,6 +58,9 @@ class Settings:
     max_body_bytes: int = 32 * 1024 * 1024
     cut_notice: bool = True
     mode: str = "enforce"
+    webhook_url: str | None = None
+    webhook_events: str = "stop"
+    public_url: str | None = None
     response_retention_days: float = 30.0
     # Not in the contract's table; production defaults documented in the README.
     upstream_connect_timeout: float = 10.0
@@ -77,11 +80,11 @@ class Settings:
 # The settings that have a flag, an environment variable and a file key.
 FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "policies"}
 MODES = ("enforce", "observe")
-_CHOICES = {"preset": tuple(PRESETS), "warning_role": WARNING_ROLES, "mode": MODES,
+_CHOICES = {"preset": tuple(PRESETS), "warning_role": WARNING_ROLES, "mode": MODES, "webhook_events": ("stop", "all"),
             "log_level": ("debug", "info", "warning", "error")}
 _OPTIONAL_TEXT = frozenset(
     {"upstream_api_key", "anthropic_upstream_api_key", "admin_token", "judge_url", "judge_model", "judge_api_key",
-     "judge_confirm_model"}
+     "judge_confirm_model", "webhook_url", "public_url"}
 )
 _MIN = {
     "port": 1,
@@ -217,7 +220,7 @@ def resolve(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] |
 
 
 def _validate(settings: Settings) -> None:
-    for name in ("upstream_url", "anthropic_upstream_url", "judge_url"):
+    for name in ("upstream_url", "anthropic_upstream_url", "judge_url", "webhook_url", "public_url"):
         url = getattr(settings, name)
         if url is None:
             continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import zlib
 from typing import AsyncIterator
@@ -17,6 +18,7 @@ from proxy.config import Settings
 from proxy.server import admin
 from proxy.server import guard as guard_module
 from proxy.server.metrics import Metrics
+from proxy.server.telemetry import Telemetry
 from proxy.server.upstream import (
     UpstreamFailure,
     climbs,
@@ -41,6 +43,7 @@ SETTINGS = web.AppKey("settings", Settings)
 CLIENT = web.AppKey("client", aiohttp.ClientSession)
 GUARD = web.AppKey("guard", guard_module.Guard)
 METRICS = web.AppKey("metrics", Metrics)
+TELEMETRY = web.AppKey("telemetry", Telemetry)
 
 _STREAM_CHUNK = 64 * 1024
 # A client connection idle this long is closed: between requests, before its request's head is complete
@@ -82,12 +85,23 @@ def inspected(dialect):
     """The handler of a path whose conversations are watched: Chat Completions, Responses or Messages."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        return await _inspected(request, dialect)
+        telemetry = request.app[TELEMETRY]
+        if telemetry.tracer is None:
+            return await _inspected(request, dialect, None)
+        span = telemetry.start(request.headers, dialect.name)
+        try:
+            return await _inspected(request, dialect, span)
+        except BaseException as exc:
+            span.record_exception(exc)
+            raise
+        finally:
+            span.end()
 
     return handler
 
 
-async def _inspected(request: web.Request, dialect) -> web.StreamResponse:
+async def _inspected(request: web.Request, dialect, span) -> web.StreamResponse:
+    """One watched request; `span`, when tracing is on, learns what it came to."""
     settings = request.app[SETTINGS]
     _check_length(request)
 
@@ -111,12 +125,16 @@ async def _inspected(request: web.Request, dialect) -> web.StreamResponse:
     metrics = request.app[METRICS]
     guard = request.app[GUARD]
     began = time.perf_counter()
+    if span is not None:
+        Telemetry.request(span, payload)
     chain = await guard.chain(request, payload) if dialect is ResponsesDialect else None
     try:
-        exchange = guard.begin(request, raw, payload, dialect, chain)
+        exchange = guard.begin(request, raw, payload, dialect, chain, span)
     except RequestError as exc:
         return refused(str(exc), "invalid_value")
     if exchange.stop is not None:
+        if span is not None:
+            Telemetry.answered(span, exchange.response_headers.get("X-Loopwarden-Session"), 400, None, None)
         return exchange.stop
     headers = upstream_headers(request, settings, identity=True)
     headers.pop("Content-Encoding", None)  # the body goes up as read here, decoded
@@ -132,7 +150,12 @@ async def _inspected(request: web.Request, dialect) -> web.StreamResponse:
         encoding = _encoding(upstream.headers)
         if upstream.status == 200 and content_type.startswith("text/event-stream"):
             # A stream compressed although identity was asked for is relayed untouched, unread.
-            return await _relay_stream(request, upstream, response_headers, exchange, watch=encoding == "identity")
+            response = await _relay_stream(request, upstream, response_headers, exchange,
+                                           watch=encoding == "identity")
+            if span is not None:
+                Telemetry.answered(span, exchange.response_headers.get("X-Loopwarden-Session"), 200,
+                                   exchange.request_id, exchange.streamed_answer())
+            return response
         try:
             body = await upstream.read()
         except Exception as exc:
@@ -140,6 +163,9 @@ async def _inspected(request: web.Request, dialect) -> web.StreamResponse:
                 raise
             raise _read_failure(exc) from exc
         if upstream.status != 200:
+            if span is not None:
+                Telemetry.answered(span, exchange.response_headers.get("X-Loopwarden-Session"), upstream.status,
+                                   exchange.request_id, None)
             return _upstream_error(upstream.status, body, response_headers)
         readable = _decoded(body, encoding)
         if readable is not None:
@@ -150,6 +176,9 @@ async def _inspected(request: web.Request, dialect) -> web.StreamResponse:
                                   "upstream_invalid_response")
             # The answer goes out first; the engine reads it on the loop's next turn.
             asyncio.get_running_loop().call_soon(exchange.on_complete, answer)
+            if span is not None:
+                Telemetry.answered(span, exchange.response_headers.get("X-Loopwarden-Session"), 200,
+                                   exchange.request_id, answer if isinstance(answer, dict) else None)
         return web.Response(status=200, body=body, headers=response_headers)
 
 
@@ -391,6 +420,7 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app[GUARD] = guard
+    app[TELEMETRY] = Telemetry(os.environ)
 
     async def client_context(app: web.Application) -> AsyncIterator[None]:
         app[CLIENT] = make_client_session(settings)
@@ -398,6 +428,7 @@ def create_app(settings: Settings) -> web.Application:
         yield
         await app[GUARD].stop()
         await app[CLIENT].close()
+        await app[TELEMETRY].close()
 
     app.cleanup_ctx.append(client_context)
     app.router.add_routes(web.RouteDef(route.method, route.path, route.handler,

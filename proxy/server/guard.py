@@ -36,6 +36,8 @@ from proxy.detect.normalize import digest
 from proxy.detect.text_steps import task_text
 from proxy.detect.texts import cut_notice, stop_text, warning_text
 from proxy.judge import JUDGE_HEADER, Judge
+from proxy.server.alerts import Alerts
+from proxy.server.telemetry import Telemetry
 from proxy.lru import LRU
 from proxy.store.store import Chain
 from proxy.store.writer import SessionSeen, utcnow
@@ -122,6 +124,10 @@ class Exchange:
     def on_complete(self, answer: object) -> None:
         pass
 
+    def streamed_answer(self) -> dict | None:
+        """What a finished stream said of itself (its id, model and usage), as a JSON answer says it."""
+        return None
+
 
 class WatchedExchange(Exchange):
     """An exchange whose response is watched by the engine."""
@@ -205,6 +211,9 @@ class WatchedExchange(Exchange):
     def on_stream_end(self) -> None:
         self._finish(self._assembler.message(), self._assembler.response_id)
 
+    def streamed_answer(self) -> dict | None:
+        return {"id": self._assembler.response_id, "model": self._assembler.model, "usage": self._assembler.usage}
+
     def on_complete(self, answer: object) -> None:
         message = self._dialect.answer(answer) if isinstance(answer, dict) else None
         if message is None:
@@ -229,6 +238,8 @@ class Guard:
 
     def __init__(self, settings: Settings, store=None, metrics=None) -> None:
         self.settings = settings
+        self.alerts = Alerts(settings.webhook_url, settings.webhook_events, settings.public_url, metrics) \
+            if settings.webhook_url else None
         self.config = DetectConfig.from_settings(settings)
         self.store = store
         self.metrics = metrics
@@ -246,6 +257,8 @@ class Guard:
     async def start(self) -> None:
         if self.store is not None:
             await self.store.start()
+        if self.alerts is not None:
+            await self.alerts.start()
 
     async def stop(self) -> None:
         for task in list(self._judging.values()):
@@ -253,6 +266,8 @@ class Guard:
         await asyncio.gather(*self._judging.values(), return_exceptions=True)
         if self.judge is not None:
             await self.judge.close()
+        if self.alerts is not None:
+            await self.alerts.close(min(self.settings.shutdown_grace, 5.0))
         if self.store is not None:
             await self.store.close(min(self.settings.shutdown_grace, 5.0))
 
@@ -275,8 +290,8 @@ class Guard:
             return None
         return await self.store.chain(tenant_of(client_key(request)), previous, conversation)
 
-    def begin(self, request: web.Request, raw: bytes, payload: dict, dialect, chain: Chain | None = None
-              ) -> Exchange:
+    def begin(self, request: web.Request, raw: bytes, payload: dict, dialect, chain: Chain | None = None,
+              span=None) -> Exchange:
         if request.headers.get(JUDGE_HEADER):
             return Exchange(raw)  # the judge's own request: not a session's turn
         conversation: Conversation = dialect.read(payload, chain.messages if chain is not None else None)
@@ -304,7 +319,7 @@ class Guard:
         checks = self.store.judge_checks(tenant, session_id, state.key) if self.store is not None else []
         decision = Decision(episodes(config, state, plan_mode=plan_mode, judge_checks=checks))
         context = {"tenant": tenant, "session_id": session_id, "task": state.key, "model": model,
-                   "api": dialect.name, "enforced": not observe}
+                   "api": dialect.name, "enforced": not observe, "span": span}
 
         stop = decision.stop
         if stop is not None:
@@ -424,16 +439,20 @@ class Guard:
                  context["session_id"], episode.type, episode.number, episode.limit)
         if self.metrics is not None:
             self.metrics.detections.labels(episode.type, action, "enforce" if enforced else "observe").inc()
-        if self.store is None:
-            return
-        self.store.writer.add_detection({
+        record = {
             "created_at": utcnow(), "session_id": context["session_id"], "tenant": context["tenant"],
             "task": context["task"], "model": context["model"], "type": episode.type, "action": action,
             "episode": episode.number, "episode_limit": episode.limit, "turn": episode.turn,
             "detail": {**episode.detail, "api": context["api"]}, "request_id": request_id,
             "tokens_saved_estimate": tokens_saved, "enforced": enforced,
             "episode_key": key,
-        })
+        }
+        if self.alerts is not None:
+            self.alerts.episode(record)
+        if context.get("span") is not None:
+            Telemetry.episode(context["span"], record)
+        if self.store is not None:
+            self.store.writer.add_detection(record)
 
 
 def _printable(text: str) -> str:

@@ -41,6 +41,9 @@ class Metrics:
                                    registry=r)
         self.judge_checks = Counter("loopwarden_judge_checks", "Judge checks, by outcome", ["outcome"], registry=r)
         self.judge_tokens = Counter("loopwarden_judge_tokens", "Tokens the judge used", registry=r)
+        self.webhook_deliveries = Counter("loopwarden_webhook_deliveries",
+                                          "Alerts to WEBHOOK_URL, by outcome (sent, failed after retries, dropped "
+                                          "with the queue full)", ["outcome"], registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -192,6 +192,16 @@ class MessagesStream:
     def text(self) -> str:
         return "".join(self._text)
 
+    @property
+    def model(self) -> str | None:
+        return self.message_start.get("model")
+
+    @property
+    def usage(self) -> dict:
+        started = self.message_start.get("usage")
+        given = started.get("input_tokens") if isinstance(started, dict) else None
+        return {"input_tokens": given, "output_tokens": self.output_tokens}
+
     def add(self, data: dict, event: str | None = None) -> tuple[str, bool]:
         """Take one event; return the new text and whether a tool call began."""
         kind = data.get("type") or event

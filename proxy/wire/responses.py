@@ -182,6 +182,14 @@ class ResponsesStream:
     def text(self) -> str:
         return "".join(self._text)
 
+    @property
+    def model(self) -> str | None:
+        return self.response.get("model")
+
+    @property
+    def usage(self) -> dict | None:
+        return self.response.get("usage")
+
     def add(self, data: dict, event: str | None = None) -> tuple[str, bool]:
         """Take one event; return the new output text and whether a tool call began."""
         kind = data.get("type") or event

@@ -269,7 +269,10 @@ function start() {
   $("enable").addEventListener("click", () => control("enable"));
   // Refresh while the page is open and showing the log.
   setInterval(() => { if (!document.hidden && $("login").hidden) refresh(); }, REFRESH_MS);
-  switchView("overview");
+  // `#open=SESSION` (the link an alert carries) opens that session's timeline.
+  const opened = new URLSearchParams(location.hash.slice(1)).get("open");
+  if (opened) showSession(opened);
+  else switchView("overview");
 }
 
 start();

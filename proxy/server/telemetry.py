@@ -1,0 +1,93 @@
+"""OpenTelemetry: one span per proxied model request, following the GenAI semantic conventions, and one event
+per loop episode on it. On only when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` (or its traces variant) is
+set; the OTLP/HTTP exporter then reads the other `OTEL_*` variables itself. Off, nothing is imported and no
+request pays anything: every call site holds a span of None."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Mapping
+
+PROVIDERS = {"chat": "openai", "responses": "openai", "messages": "anthropic"}
+
+
+def usage_tokens(usage: Any) -> tuple[int | None, int | None]:
+    """Input and output tokens from any dialect's usage object (`prompt_tokens` or `input_tokens`, ...)."""
+    if not isinstance(usage, dict):
+        return None, None
+    given = usage.get("input_tokens", usage.get("prompt_tokens"))
+    taken = usage.get("output_tokens", usage.get("completion_tokens"))
+    return (given if isinstance(given, int) else None), (taken if isinstance(taken, int) else None)
+
+
+class Telemetry:
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.tracer = None
+        self._provider = None
+        endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        if not endpoint or environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+            return
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, when set, name the service instead.
+        named = "OTEL_SERVICE_NAME" in environ or "service.name=" in environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+        self._provider = TracerProvider(resource=Resource.create({} if named else {"service.name": "loopwarden"}))
+        self._provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # exports off the event loop
+        self.tracer = self._provider.get_tracer("loopwarden")
+        self._propagator = TraceContextTextMapPropagator()
+
+    def start(self, headers: Mapping[str, str], api: str):
+        """A span for one model request, a child of the client's trace when it sent `traceparent`."""
+        from opentelemetry.trace import SpanKind
+
+        return self.tracer.start_span("chat", context=self._propagator.extract(headers), kind=SpanKind.CLIENT,
+                                      attributes={"gen_ai.operation.name": "chat",
+                                                  "gen_ai.provider.name": PROVIDERS[api], "loopwarden.api": api})
+
+    @staticmethod
+    def request(span, payload: dict) -> None:
+        model = payload.get("model")
+        if isinstance(model, str):
+            span.update_name(f"chat {model}")
+            span.set_attribute("gen_ai.request.model", model)
+        limit = payload.get("max_tokens") or payload.get("max_completion_tokens") or payload.get("max_output_tokens")
+        if isinstance(limit, int):
+            span.set_attribute("gen_ai.request.max_tokens", limit)
+
+    @staticmethod
+    def answered(span, session: str | None, status: int, request_id: str | None, answer: dict | None) -> None:
+        """What the request came to: the session, the status, the upstream's ids and the tokens it reports."""
+        if session:
+            span.set_attribute("gen_ai.conversation.id", session)
+        span.set_attribute("http.response.status_code", status)
+        if request_id:
+            span.set_attribute("loopwarden.upstream.request_id", request_id)
+        if answer is None:
+            return
+        if isinstance(answer.get("id"), str):
+            span.set_attribute("gen_ai.response.id", answer["id"])
+        if isinstance(answer.get("model"), str):
+            span.set_attribute("gen_ai.response.model", answer["model"])
+        given, taken = usage_tokens(answer.get("usage"))
+        if given is not None:
+            span.set_attribute("gen_ai.usage.input_tokens", given)
+        if taken is not None:
+            span.set_attribute("gen_ai.usage.output_tokens", taken)
+
+    @staticmethod
+    def episode(span, record: dict) -> None:
+        """One event per loop episode served on this request."""
+        detail = record["detail"]
+        evidence = detail.get("error") or detail.get("repeated") or detail.get("arguments") or detail.get("analysis")
+        span.add_event("loopwarden.loop", {"loopwarden.type": record["type"], "loopwarden.action": record["action"],
+                                           "loopwarden.episode": f"{record['episode']}/{record['episode_limit']}",
+                                           "loopwarden.evidence": str(evidence or "")[:300],
+                                           "loopwarden.enforced": bool(record.get("enforced", True))})
+
+    async def close(self) -> None:
+        if self._provider is not None:
+            await asyncio.to_thread(self._provider.shutdown)  # the last spans are sent before the process ends
