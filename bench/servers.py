@@ -1,7 +1,9 @@
-"""Processes the overhead benchmark runs beside loopwarden: a lean upstream and a bare relay.
+"""Processes the overhead benchmark runs beside loopwarden: a lean upstream, a bare relay, and a sink for
+OpenTelemetry spans (to measure loopwarden with tracing on).
 
     python bench/servers.py upstream PORT
     python bench/servers.py relay PORT UPSTREAM_URL
+    python bench/servers.py collector PORT      # then OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:PORT
 """
 
 from __future__ import annotations
@@ -163,7 +165,19 @@ def relay_app(upstream: str) -> web.Application:
     return app
 
 
+def collector_app() -> web.Application:
+    """An OTLP/HTTP endpoint that takes every export and keeps nothing."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+
+    async def traces(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+    app.router.add_post("/v1/traces", traces)
+    return app
+
+
 if __name__ == "__main__":
     kind, port = sys.argv[1], int(sys.argv[2])
-    app = upstream_app() if kind == "upstream" else relay_app(sys.argv[3])
+    app = {"upstream": upstream_app, "collector": collector_app}[kind]() if kind != "relay" else relay_app(sys.argv[3])
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
