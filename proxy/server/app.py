@@ -174,8 +174,11 @@ async def _inspected(request: web.Request, dialect, span) -> web.StreamResponse:
             except orjson.JSONDecodeError:
                 return json_error(502, "upstream answered with a body that is not JSON", "upstream_error",
                                   "upstream_invalid_response")
-            # The answer goes out first; the engine reads it on the loop's next turn.
-            asyncio.get_running_loop().call_soon(exchange.on_complete, answer)
+            if exchange.keeps_answer:  # a chained request may continue from it: written before it goes out
+                exchange.on_complete(answer)
+                await exchange.persist()
+            else:  # the answer goes out first; the engine reads it on the loop's next turn
+                asyncio.get_running_loop().call_soon(exchange.on_complete, answer)
             if span is not None:
                 Telemetry.answered(span, exchange.response_headers.get("X-Loopwarden-Session"), 200,
                                    exchange.request_id, answer if isinstance(answer, dict) else None)
@@ -252,6 +255,8 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
     try:
         async for chunk in upstream.content.iter_any():
             cut = exchange.on_stream_bytes(chunk) if watch else None
+            if exchange.persist_pending:  # a response the service keeps ended in this chunk: written first
+                await exchange.persist()
             if cut is None:
                 await _write(response, chunk)
                 continue

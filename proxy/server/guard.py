@@ -102,6 +102,7 @@ class Exchange:
         self.request_id: str | None = None
         self.after_forward: Callable[[], None] | None = None
         self.on_delivered: Callable[[str | None], None] | None = None  # the model has this request's warnings
+        self.persist_pending = False  # an answer the service keeps was recorded: write it before the last byte
 
     def on_response_headers(self, status: int, headers) -> None:
         """The request has been forwarded and answered: background work may start now."""
@@ -123,6 +124,15 @@ class Exchange:
 
     def on_complete(self, answer: object) -> None:
         pass
+
+    @property
+    def keeps_answer(self) -> bool:
+        """The service keeps this answer, and a chained request may continue from it."""
+        return False
+
+    async def persist(self) -> None:
+        """Make what was recorded readable by every replica; the client gets the last byte after this."""
+        self.persist_pending = False
 
     def streamed_answer(self) -> dict | None:
         """What a finished stream said of itself (its id, model and usage), as a JSON answer says it."""
@@ -174,6 +184,9 @@ class WatchedExchange(Exchange):
                 if found is not None and not self._observed_only(found):
                     # The text before this call chanted: end before the call, unless it began earlier.
                     return (start if start >= 0 else event.end), self._ending(found)
+        if self._on_answer is not None and self._assembler.finished:
+            # The response is complete: record it now, so it is written before its last event goes out.
+            self._keep(self._assembler.message(), self._assembler.response_id)
         return None
 
     def _observed_only(self, episode: Episode) -> bool:
@@ -205,7 +218,7 @@ class WatchedExchange(Exchange):
         if self._on_answer is not None:
             message = self._assembler.message()
             message["content"] = self._assembler.text + (notice or "")
-            self._on_answer(message, self._assembler.response_id)
+            self._keep(message, self._assembler.response_id)
         return ending
 
     def on_stream_end(self) -> None:
@@ -223,11 +236,25 @@ class WatchedExchange(Exchange):
             self._watcher.text(text)
         self._finish(message, answer.get("id") if isinstance(answer.get("id"), str) else None)
 
+    @property
+    def keeps_answer(self) -> bool:
+        return self._on_answer is not None
+
+    def _keep(self, message: dict, response_id: str | None) -> None:
+        """Record the answer the service keeps, once; it is to be written before the client's last byte."""
+        on_answer, self._on_answer = self._on_answer, None
+        on_answer(message, response_id)
+        self.persist_pending = True
+
+    async def persist(self) -> None:
+        self.persist_pending = False
+        await self._guard.persist()
+
     def _finish(self, message: dict, response_id: str | None) -> None:
         """The answer is whole. Its own episode, if any, is logged when its warning or stop is served; an
         answer that completes none, given a warning, is the model moving on."""
         if self._on_answer is not None:
-            self._on_answer(message, response_id)
+            self._keep(message, response_id)
         if self._watcher.episode is None and self._watcher.finish(message) is None \
                 and self._warned is not None:
             self._guard.log_recovery(self._context, self._warned)
@@ -273,6 +300,10 @@ class Guard:
 
     async def ready(self) -> bool:
         return True if self.store is None else await self.store.ready()
+
+    async def persist(self) -> None:
+        if self.store is not None:
+            await self.store.persist()
 
     def known_message_counts(self) -> dict:
         return dict(self._message_counts)

@@ -32,6 +32,7 @@ JUDGED_SESSIONS = 20_000  # sessions whose judge checks are kept in memory, leas
 CHECKS_PER_SESSION = 64  # the latest checks of each (the judge checks a task every few turns)
 MAX_CHAIN = 5_000  # responses followed back from one request
 MAX_STORED_TEXT = 16_000  # characters kept of each message's text and each call's arguments
+PERSIST_WAIT = 1.0  # seconds an answer the service keeps may wait for its record to be written
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,16 @@ class Store:
         self.writer.add_response({"tenant": tenant, "response_id": response_id[:128], "previous_id": previous_id,
                                   "conversation_id": conversation_id, "session_id": session_id,
                                   "created_at": utcnow(), "messages": stored.messages})
+
+    async def persist(self) -> None:
+        """Write what is buffered now: a response a chained request may continue from is then readable by every
+        replica before its client has the last byte. A database slower than PERSIST_WAIT is not waited for
+        further (the records stay buffered and are written as usual)."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self.writer.flush()), PERSIST_WAIT)
+        except Exception as exc:  # a slow or failing database never fails the request
+            log.warning("a kept response was not written before its answer ended: %s",
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
     async def chain(self, tenant: str, previous_id: str | None, conversation_id: str | None) -> Chain:
         """The conversation a request continues, oldest first: from memory, else from the database (another

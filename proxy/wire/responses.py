@@ -173,6 +173,7 @@ class ResponsesStream:
         self._item_text: list[str] = []
         self._sequence = -1
         self._final: list | None = None
+        self.finished = False  # the response's last event has been seen
 
     @property
     def response_id(self) -> str | None:
@@ -225,6 +226,7 @@ class ResponsesStream:
                 self.response = data["response"]
             return "", False
         if kind in ("response.completed", "response.incomplete", "response.failed"):
+            self.finished = True
             response = data.get("response")
             if isinstance(response, dict):
                 self.response = response
