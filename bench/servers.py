@@ -9,6 +9,7 @@ OpenTelemetry spans (to measure loopwarden with tracing on).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
 import time
 
@@ -62,8 +63,11 @@ async def upstream_chat(request: web.Request) -> web.StreamResponse:
     return response
 
 
+RESPONSE_IDS = itertools.count()
+
+
 def _response(output_text: str) -> dict:
-    return {"id": "resp_bench", "object": "response", "created_at": int(time.time()), "status": "completed",
+    return {"id": f"resp_bench_{next(RESPONSE_IDS)}", "object": "response", "created_at": int(time.time()), "status": "completed",
             "model": "bench", "output": [{"id": "msg_bench", "type": "message", "status": "completed",
                                           "role": "assistant", "content": [{"type": "output_text",
                                                                             "text": output_text, "annotations": []}]}],

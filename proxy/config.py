@@ -61,6 +61,7 @@ class Settings:
     webhook_url: str | None = None
     webhook_events: str = "stop"
     public_url: str | None = None
+    detection_retention_days: float | None = None  # keep all
     response_retention_days: float = 30.0
     # Not in the contract's table; production defaults documented in the README.
     upstream_connect_timeout: float = 10.0
@@ -86,6 +87,7 @@ _OPTIONAL_TEXT = frozenset(
     {"upstream_api_key", "anthropic_upstream_api_key", "admin_token", "judge_url", "judge_model", "judge_api_key",
      "judge_confirm_model", "webhook_url", "public_url"}
 )
+_OPTIONAL_NUMBERS = frozenset({"detection_retention_days"})  # unset by default
 _MIN = {
     "port": 1,
     "max_warnings": 0,
@@ -102,7 +104,8 @@ _MIN = {
 def _convert(name: str, raw: Any) -> Any:
     """Turn a raw value (string from env/flag, or a TOML value) into the field's type."""
     default = FIELDS[name].default
-    kind = str if name in _OPTIONAL_TEXT else type(default) if default is not dataclasses.MISSING else frozenset
+    kind = str if name in _OPTIONAL_TEXT else float if name in _OPTIONAL_NUMBERS else \
+        type(default) if default is not dataclasses.MISSING else frozenset
     try:
         if kind is bool:
             if isinstance(raw, bool):

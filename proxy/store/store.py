@@ -20,13 +20,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from proxy.detect.judge_policy import JudgeCheck
 from proxy.lru import LRU
 from proxy.store.database import create_engine, ping
-from proxy.store.models import JudgeCheckRow, ResponseRow, SessionRow
+from proxy.store.models import Detection, JudgeCheckRow, ResponseRow, SessionRow
 from proxy.store.writer import LogWriter, utcnow
 from proxy.wire.chat import message_text, tool_calls
 
 log = logging.getLogger("loopwarden.store")
 POLL_EVERY = 1.0
-PRUNE_EVERY = 600.0  # seconds between deletions of responses past their retention
+PRUNE_EVERY = 600.0  # seconds between deletions of responses and detections past their retention
+PRUNE_BATCH = 1000  # detections deleted per transaction: the writer never waits long behind a deletion
 CACHED_RESPONSES = 20_000  # responses kept in memory for chained requests (each bounded, see below)
 JUDGED_SESSIONS = 20_000  # sessions whose judge checks are kept in memory, least recently judged out
 CHECKS_PER_SESSION = 64  # the latest checks of each (the judge checks a task every few turns)
@@ -83,7 +84,7 @@ NO_CONTROLS = Controls()
 
 class Store:
     def __init__(self, database_url: str, buffer_size: int = 10_000, on_drop=None,
-                 response_retention_days: float = 30.0) -> None:
+                 response_retention_days: float = 30.0, detection_retention_days: float | None = None) -> None:
         self.database_url = database_url
         self.engine: AsyncEngine = create_engine(database_url)
         self.writer = LogWriter(database_url, buffer_size, on_drop=on_drop)
@@ -93,6 +94,7 @@ class Store:
         self._checks_seen = 0
         self._poller: asyncio.Task | None = None
         self.response_retention = timedelta(days=response_retention_days)
+        self.detection_retention = timedelta(days=detection_retention_days) if detection_retention_days else None
         self._responses = LRU(CACHED_RESPONSES)  # (tenant, response id) -> StoredResponse
         self._latest = LRU(CACHED_RESPONSES)  # (tenant, conversation) -> its latest response
         self._tenants: set[str] = set()  # key hashes that have sessions (one entry per client key)
@@ -192,7 +194,9 @@ class Store:
                 start = self._latest.get((tenant, conversation_id)) or await self._latest_in(tenant, conversation_id)
             found: list[StoredResponse] = []
             current = start
-            while current is not None and len(found) < MAX_CHAIN:
+            seen: set[str] = set()
+            while current is not None and current not in seen and len(found) < MAX_CHAIN:
+                seen.add(current)  # a chain that comes back to itself (an id reused) ends there
                 stored = self._responses.get((tenant, current))
                 if stored is None:
                     loaded = await self._load_chain(tenant, current)
@@ -232,6 +236,23 @@ class Store:
             result.append(stored)
             current = row.previous_id
         return result
+
+    async def prune_detections(self, batch: int = PRUNE_BATCH) -> int:
+        """Delete detections past DETECTION_RETENTION_DAYS, oldest first, `batch` rows a transaction."""
+        if self.detection_retention is None:
+            return 0
+        cutoff = utcnow() - self.detection_retention
+        deleted = 0
+        while True:
+            async with self.engine.begin() as connection:
+                ids = (await connection.execute(select(Detection.id).where(Detection.created_at < cutoff)
+                                                .order_by(Detection.id).limit(batch))).scalars().all()
+                if ids:
+                    await connection.execute(delete(Detection).where(Detection.id.in_(ids)))
+            deleted += len(ids)
+            if len(ids) < batch:
+                return deleted
+            await asyncio.sleep(0.05)  # the writer and the API get the database between batches
 
     async def prune_responses(self) -> int:
         """Forget responses past their retention."""
@@ -283,6 +304,7 @@ class Store:
                 if loop.time() - pruned_at >= PRUNE_EVERY:
                     pruned_at = loop.time()
                     await self.prune_responses()
+                    await self.prune_detections()
             except Exception as exc:
                 log.debug("controls poll failed: %s", exc)
 
