@@ -20,6 +20,7 @@ import aiohttp
 import orjson
 from overhead import ROOT, free_port, pct, wait_ready
 
+
 def body(store: bool, previous: str | None, step: int) -> bytes:
     request = {"model": "bench", "instructions": "You are an agent.", "store": store,
                "input": [{"role": "user", "content": f"Step {step}: carry on with the next file."}]}

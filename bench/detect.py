@@ -147,8 +147,10 @@ def error_forms(quick: bool) -> None:
     fixtures = Path(__file__).parent.parent / "tests" / "fixtures" / "tool_output"
     reports = [p.read_text() for p in sorted(fixtures.glob("*.txt"))]
     log = "\n".join(f"2026-11-20 09:14:{i % 60:02d} INFO request {i} served in {i % 17} ms" for i in range(300))
-    long_run = "".join(f"tests/test_m{i}.py ........\n" for i in range(300)) + (fixtures / "pytest.fail.txt").read_text()
-    cases = [("a source file (496 characters)", ["def handler(request):\n    return respond(request, status=200)\n" * 8]),
+    long_run = "".join(f"tests/test_m{i}.py ........\n" for i in range(300)) + \
+        (fixtures / "pytest.fail.txt").read_text()
+    source = "def handler(request):\n    return respond(request, status=200)\n" * 8
+    cases = [("a source file (496 characters)", [source]),
              ("a 20 KB log", [log]), ("a 12 KB failing pytest run", [long_run]),
              (f"tool output fixtures ({len(reports)}, failing and passing)", reports)]
     print("## Telling an error by its form\n")

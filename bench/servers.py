@@ -67,7 +67,8 @@ RESPONSE_IDS = itertools.count()
 
 
 def _response(output_text: str) -> dict:
-    return {"id": f"resp_bench_{next(RESPONSE_IDS)}", "object": "response", "created_at": int(time.time()), "status": "completed",
+    return {"id": f"resp_bench_{next(RESPONSE_IDS)}", "object": "response", "created_at": int(time.time()),
+            "status": "completed",
             "model": "bench", "output": [{"id": "msg_bench", "type": "message", "status": "completed",
                                           "role": "assistant", "content": [{"type": "output_text",
                                                                             "text": output_text, "annotations": []}]}],

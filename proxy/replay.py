@@ -2,9 +2,10 @@
 
 Each record is one conversation, replayed as the proxy would have seen it: one request per assistant turn
 (the messages before it), the assistant's turn as that request's answer, and the request after the last
-turn (also when the record ends with that turn: it gets the episodes the turn completes). The same engine folds each request; what is logged follows observe mode's rules (a warning when a
-request would first carry it, a stop once, a chant where a streamed answer would have been cut, nothing
-after a task's stop), so replay and a live proxy in observe mode find the same episodes.
+turn (also when the record ends with that turn: it gets the episodes the turn completes). The same engine
+folds each request; what is logged follows observe mode's rules (a warning when a request would first carry
+it, a stop once, a chant where a streamed answer would have been cut, nothing after a task's stop), so replay
+and a live proxy in observe mode find the same episodes.
 No I/O but reading the files.
 """
 

@@ -131,11 +131,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def _serve(database_url: str, upstream_url: str, log_level: str = "warning") -> tuple[subprocess.Popen, int]:
+async def _serve(database_url: str, upstream_url: str, log_level: str = "warning", *flags: str
+                 ) -> tuple[subprocess.Popen, int]:
+    """`loopwarden serve` as a process (with more `flags`), once it is ready: (process, port)."""
     port = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream", upstream_url,
-         "--database-url", database_url, "--log-level", log_level],
+         "--database-url", database_url, "--log-level", log_level, *flags],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     async with aiohttp.ClientSession() as http:
         for _ in range(200):

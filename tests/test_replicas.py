@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import signal
 import subprocess
 import sys
@@ -21,17 +20,10 @@ from aiohttp import web
 from tests.agent import Agent
 from tests.fake_upstream import Turn
 from tests.responses_agent import ResponsesAgent
+from tests.test_log_api import _serve
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTENT = "def main():\n    return load_config('settings.toml')\n"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Balancer:
@@ -84,40 +76,20 @@ class Balancer:
 
 
 @pytest.fixture
-async def fleet(upstream, postgres_url, tmp_path):
-    database_url = postgres_url
-    """Three replicas (processes) on one migrated database, behind the balancer."""
-    subprocess.run([sys.executable, "-m", "proxy", "migrate", "--database-url", database_url], cwd=ROOT, check=True,
+async def fleet(upstream, postgres_url):
+    """Three replicas (processes) on one migrated PostgreSQL database, behind the balancer."""
+    subprocess.run([sys.executable, "-m", "proxy", "migrate", "--database-url", postgres_url], cwd=ROOT, check=True,
                    capture_output=True, timeout=60)
-    ports = [free_port() for _ in range(3)]
-    processes = []
-    for port in ports:
-        with open(tmp_path / f"replica-{port}.log", "w") as log:  # the child keeps its own descriptor
-            processes.append(subprocess.Popen(
-                [sys.executable, "-m", "proxy", "serve", "--no-migrate", "--port", str(port), "--upstream",
-                 upstream.url, "--database-url", database_url, "--llm-check", "false"], cwd=ROOT, stderr=log,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"}))
-    async with aiohttp.ClientSession() as http:
-        for port in ports:
-            for _ in range(200):
-                try:
-                    async with http.get(f"http://127.0.0.1:{port}/readyz") as response:
-                        if response.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.05)
-            else:
-                raise RuntimeError(f"replica on {port} did not come up")
-    balancer = await Balancer(ports).start()
-    balancer.processes = processes
+    replicas = [await _serve(postgres_url, upstream.url, "warning", "--no-migrate", "--llm-check", "false")
+                for _ in range(3)]
+    balancer = await Balancer([port for _, port in replicas]).start()
+    balancer.processes = [process for process, _ in replicas]
     yield balancer
     await balancer.close()
-    for process in processes:
+    for process in balancer.processes:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
-    for process in processes:
-        process.wait(timeout=30)
+        await asyncio.to_thread(process.communicate, timeout=30)
 
 
 async def records(fleet: Balancer, session: str, count: int) -> list[dict]:

@@ -65,7 +65,7 @@ _TOOL_FAILURE = re.compile(
     r"""^[\x20\t]*(?:
         FAILED\x20[^\s:]+::\S                                   # pytest: FAILED tests/test_a.py::test_x
       | =+\x20(?:FAILURES|ERRORS)\x20=+$                         # pytest's banners
-      | =*\x20?(?:\d+\x20\w+,\x20)*[1-9]\d*\x20(?:failed|errors?)\b[^\n]*\bin\x20[\d.]+s\b  # pytest: 1 failed, 2 passed in 0.1s
+      | =*\x20?(?:\d+\x20\w+,\x20)*[1-9]\d*\x20(?:failed|errors?)\b[^\n]*\bin\x20[\d.]+s\b  # pytest: 1 failed in 0.1s
       | FAILED\x20\((?:failures|errors)=\d                        # unittest
       | Tests?:?\x20+[1-9]\d*\x20failed\b                          # jest: Tests: 1 failed; vitest: Tests  1 failed
       | ---\x20FAIL:\x20 | FAIL(?:[\t\x20]+\S|$)                     # go test; jest's FAIL src/a.test.js

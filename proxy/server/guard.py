@@ -36,9 +36,9 @@ from proxy.detect.normalize import digest
 from proxy.detect.text_steps import task_text
 from proxy.detect.texts import cut_notice, stop_text, warning_text
 from proxy.judge import JUDGE_HEADER, Judge
+from proxy.lru import LRU
 from proxy.server.alerts import Alerts
 from proxy.server.telemetry import Telemetry
-from proxy.lru import LRU
 from proxy.store.store import Chain
 from proxy.store.writer import SessionSeen, utcnow
 from proxy.wire.chat import Conversation, message_text

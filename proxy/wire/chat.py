@@ -15,6 +15,7 @@ import orjson
 
 from proxy.wire.errors import error_body
 
+
 @dataclass
 class Conversation:
     """A request's conversation in neutral messages, and where a message inserted at a place goes.
