@@ -195,3 +195,26 @@ async def test_with_an_admin_token_nothing_shows_before_it_is_given(upstream, pr
     # The refused token's 401s are the only console errors (the browser logs failed fetches).
     watched.errors = [e for e in watched.errors if "401" not in e]
     watched.clean()
+
+
+async def test_an_alerts_link_opens_the_sessions_timeline(upstream, proxy, browser):
+    looping = Agent(proxy.url, headers={"X-Loopwarden-Session": "night run/7"})
+    for _ in range(6):
+        upstream.script.append(Turn(tool_calls=[("read_file", {"path": "src/app.py"})]))
+        await looping.turn()
+        looping.answer("def main():\n    return 1\n")
+    await looping.close()
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    watched = Watched(page, proxy.root)
+    await page.goto(f"{proxy.root}/loopwarden/#open=night%20run%2F7")  # as the alert's `url` gives it
+    await page.wait_for_selector("#session-detail:not([hidden])")
+    assert await page.inner_text("#detail-id") == "night run/7"
+
+    async def warning_shown() -> bool:
+        return "[loopwarden] Loop detected (1/2)" in await page.inner_text("#session-detail")
+
+    await until(warning_shown, True)
+    if os.environ.get("LOOPWARDEN_SCREENSHOT"):
+        await page.screenshot(path=os.environ["LOOPWARDEN_SCREENSHOT"], full_page=True)
+    watched.clean()
+    await page.close()
