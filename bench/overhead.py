@@ -218,13 +218,18 @@ async def dialect_overhead(timer: Timer, targets: dict[str, str], api: str, path
     added_relay = pct(samples["relay"], .5) - pct(samples["direct"], .5)
     print(f"\nloopwarden's added p50 is {added_lw / added_relay:.2f}x the bare relay's\n")
 
-    body = orjson.dumps({**orjson.loads(small), "stream": True})
     print(f"## {api}, streaming 200 text deltas as fast as the upstream writes ({streams} streams each, "
           f"interleaved)\n")
+    await stream_table(timer, targets, streams, orjson.dumps({**orjson.loads(small), "stream": True}), path)
+
+
+async def stream_table(timer: Timer, targets: dict[str, str], streams: int, body: bytes | None = None,
+                       path: str = "/chat/completions", pace: float = 0) -> None:
+    """Streams to every target in turn: the first event and the whole stream, against the direct upstream."""
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
     for _ in range(streams):
         for name, url in targets.items():
-            results[name].append(await timer.stream(url, body=body, path=path))
+            results[name].append(await timer.stream(url, pace, body=body, path=path))
     print("| target | first event p50 ms | total p50 ms | total vs direct | added p50 ms |\n|---|---|---|---|---|")
     direct_total = statistics.median(t for _, t in results["direct"])
     for name in targets:
@@ -286,16 +291,7 @@ async def run(quick: bool) -> None:
             for pace, streams in ((0, int(300 * scale)), (5, max(4, int(20 * scale)))):
                 what = "as fast as the upstream can write" if not pace else f"one chunk every {pace} ms"
                 print(f"\n## Streaming, 200 chunks, {what} ({streams} streams each, interleaved)\n")
-                results: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
-                for _ in range(streams):
-                    for name, url in targets.items():
-                        results[name].append(await timer.stream(url, pace))
-                print("| target | first chunk p50 ms | total p50 ms | total vs direct |\n|---|---|---|---|")
-                direct_total = statistics.median(t for _, t in results["direct"])
-                for name in targets:
-                    first = statistics.median(f for f, _ in results[name])
-                    whole = statistics.median(t for _, t in results[name])
-                    print(f"| {name} | {ms(first)} | {ms(whole)} | {whole / direct_total:.3f}x |")
+                await stream_table(timer, targets, streams, pace=pace)
             for api, path, small in (("Responses API", "/responses", RESPONSES_SMALL),
                                      ("Messages API", "/messages", MESSAGES_SMALL)):
                 await dialect_overhead(timer, targets, api, path, small, int(2000 * scale), int(300 * scale))

@@ -157,8 +157,8 @@ async def test_a_cycle_and_the_same_failing_call_are_found(upstream, messages_pr
 
     failing = ClaudeAgent(messages_proxy.root, headers={"X-Claude-Code-Session-Id": "failing"})
     for i in range(3):
-        await call_loop(failing, upstream, 1, "Exit code 1\nnpm ERR! missing script: tset", args={"command": "npm run tset"},
-                        is_error=True)
+        await call_loop(failing, upstream, 1, "Exit code 1\nnpm ERR! missing script: tset",
+                        args={"command": "npm run tset"}, is_error=True)
         await call_loop(failing, upstream, 1, f"edited {i}", name="Edit", args={"file_path": "package.json", "n": i})
     (*_, text), = warnings_in(upstream.messages_requests[-1])
     assert "`Bash` with" in text and "failed 3 times with the same error" in text
@@ -239,7 +239,8 @@ async def test_count_tokens_and_models_pass_through_untouched_with_either_auth_s
                          headers={"anthropic-version": "2026-10-21"})
     counted = await bearer.client.messages.count_tokens(model=bearer.model, messages=bearer.messages)
     received = upstream.requests[-1]
-    assert received.path == "/v1/messages/count_tokens" and received.headers["authorization"] == "Bearer sk-ant-oat-token"
+    assert received.path == "/v1/messages/count_tokens"
+    assert received.headers["authorization"] == "Bearer sk-ant-oat-token"
     assert received.headers["anthropic-version"] == "2026-10-21"
     assert counted is not None
     await bearer.client.get("/v1/models", cast_to=object)

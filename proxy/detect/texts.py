@@ -28,6 +28,13 @@ def describe(episode: Episode) -> str:
     return f"a review of this task found it is no longer making progress ({d.get('analysis') or 'no detail'})"
 
 
+def evidence(detail: dict) -> str:
+    """The episode's evidence in a few words, for an alert or a trace: the error, the chanted text, the
+    repeated call's arguments, or the judge's analysis."""
+    return str(detail.get("error") or detail.get("repeated") or detail.get("arguments") or detail.get("analysis")
+               or "")
+
+
 _ADVICE = {
     "tool_call": "Calling it again will not change the outcome. Use what the result already told you, "
                  "or change the arguments, use another tool, or take a different approach.",

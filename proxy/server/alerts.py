@@ -11,6 +11,8 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
+from proxy.detect import texts
+
 log = logging.getLogger("loopwarden.alerts")
 
 QUEUE_SIZE = 1000
@@ -22,18 +24,18 @@ TIMEOUT = 10.0
 def alert_payload(record: dict, public_url: str | None) -> dict:
     """What a hook receives for one logged episode (a detection record), with a line a chat app shows."""
     detail = record["detail"]
-    evidence = detail.get("error") or detail.get("repeated") or detail.get("arguments") or detail.get("analysis") or ""
+    evidence = texts.evidence(detail)
     what = f"`{detail['tool']}`" if detail.get("tool") else record["type"]
     link = f"{public_url.rstrip('/')}/loopwarden/#open={quote(record['session_id'], safe='')}" if public_url else None
     episode = f"{record['episode']}/{record['episode_limit']}"
-    verb = {"stopped": "stopped", "warned": "warned", "cut": "cut"}[record["action"]]
-    text = (f"loopwarden {verb} a {record['type']} loop ({what}, episode {episode}, turn {record['turn']}) in session "
-            f"{record['session_id']}" + ("" if record.get("enforced", True) else " (observe mode: nothing changed)")
+    observed = "" if record["enforced"] else " (observe mode: nothing changed)"
+    text = (f"loopwarden {record['action']} a {record['type']} loop ({what}, episode {episode}, "
+            f"turn {record['turn']}) in session {record['session_id']}{observed}"
             + (f": {evidence}" if evidence else "") + (f" — {link}" if link else ""))
     return {"event": f"loop.{record['action']}", "session_id": record["session_id"], "tenant": record["tenant"],
             "model": record["model"], "type": record["type"], "action": record["action"], "episode": episode,
             "turn": record["turn"], "evidence": evidence, "api": detail.get("api"),
-            "tokens_saved_estimate": record["tokens_saved_estimate"], "enforced": record.get("enforced", True),
+            "tokens_saved_estimate": record["tokens_saved_estimate"], "enforced": record["enforced"],
             "created_at": record["created_at"].isoformat(), "url": link, "text": text}
 
 

@@ -106,8 +106,7 @@ async def _inspected(request: web.Request, dialect, span) -> web.StreamResponse:
     _check_length(request)
 
     def refused(message: str, code: str) -> web.Response:  # in the dialect's own error shape
-        return web.Response(status=400, body=dialect.error_body(message, "invalid_request_error", code),
-                            content_type="application/json")
+        return json_error(400, message, "invalid_request_error", code, shape=dialect.error_body)
 
     content_type = request.headers.get("Content-Type", "application/json")
     if "json" not in content_type.lower():
@@ -134,11 +133,11 @@ async def _inspected(request: web.Request, dialect, span) -> web.StreamResponse:
         return refused(str(exc), "invalid_value")
     if exchange.stop is not None:
         if span is not None:
-            Telemetry.answered(span, exchange.response_headers.get("X-Loopwarden-Session"), 400, None, None)
+            Telemetry.answered(span, exchange, 400)
         return exchange.stop
     headers = upstream_headers(request, settings, identity=True)
     headers.pop("Content-Encoding", None)  # the body goes up as read here, decoded
-    url = upstream_url(settings, dialect.path, request.rel_url.raw_query_string, dialect is MessagesDialect)
+    url = upstream_url(settings, dialect.path, request.rel_url.raw_query_string, is_anthropic(request))
     sent = time.perf_counter()
     metrics.overhead.observe(sent - began)
     async with open_upstream(request.app[CLIENT], "POST", url, headers, exchange.body) as upstream:
@@ -153,8 +152,7 @@ async def _inspected(request: web.Request, dialect, span) -> web.StreamResponse:
             response = await _relay_stream(request, upstream, response_headers, exchange,
                                            watch=encoding == "identity")
             if span is not None:
-                Telemetry.answered(span, exchange.response_headers.get("X-Loopwarden-Session"), 200,
-                                   exchange.request_id, exchange.streamed_answer())
+                Telemetry.answered(span, exchange, 200, exchange.streamed_answer())
             return response
         try:
             body = await upstream.read()
@@ -164,8 +162,7 @@ async def _inspected(request: web.Request, dialect, span) -> web.StreamResponse:
             raise _read_failure(exc) from exc
         if upstream.status != 200:
             if span is not None:
-                Telemetry.answered(span, exchange.response_headers.get("X-Loopwarden-Session"), upstream.status,
-                                   exchange.request_id, None)
+                Telemetry.answered(span, exchange, upstream.status)
             return _upstream_error(upstream.status, body, response_headers)
         readable = _decoded(body, encoding)
         if readable is not None:
@@ -180,8 +177,7 @@ async def _inspected(request: web.Request, dialect, span) -> web.StreamResponse:
             else:  # the answer goes out first; the engine reads it on the loop's next turn
                 asyncio.get_running_loop().call_soon(exchange.on_complete, answer)
             if span is not None:
-                Telemetry.answered(span, exchange.response_headers.get("X-Loopwarden-Session"), 200,
-                                   exchange.request_id, answer if isinstance(answer, dict) else None)
+                Telemetry.answered(span, exchange, 200, answer)
         return web.Response(status=200, body=body, headers=response_headers)
 
 

@@ -39,6 +39,7 @@ from proxy.judge import JUDGE_HEADER, Judge
 from proxy.lru import LRU
 from proxy.server.alerts import Alerts
 from proxy.server.telemetry import Telemetry
+from proxy.server.upstream import anthropic_root, json_error
 from proxy.store.store import Chain
 from proxy.store.writer import SessionSeen, utcnow
 from proxy.wire.chat import Conversation, message_text
@@ -276,7 +277,7 @@ class Guard:
         self._per_model: LRU = LRU(256)
         self.judge = Judge(settings.judge_url or settings.upstream_url,
                            settings.judge_api_key or settings.upstream_api_key, settings.judge_timeout,
-                           settings.judge_concurrency, settings.anthropic_upstream_url.rstrip("/").removesuffix("/v1"),
+                           settings.judge_concurrency, anthropic_root(settings.anthropic_upstream_url),
                            settings.judge_api_key or settings.anthropic_upstream_api_key,
                            ) if settings.llm_check and store is not None else None
         self._judging: dict[tuple[str, str], asyncio.Task] = {}
@@ -358,10 +359,9 @@ class Guard:
             self.log_episode(context, stop, "stopped", None, len(raw) // 4)
             if not observe:
                 exchange = Exchange(raw, headers)
-                exchange.stop = web.Response(status=400, content_type="application/json",
-                                             body=dialect.error_body(stop_text(stop), "loop_detected", "loop_detected"),
-                                             headers={**headers, "X-Loopwarden-Loop": stop.type,
-                                                      "x-should-retry": "false"})
+                exchange.stop = json_error(400, stop_text(stop), "loop_detected", "loop_detected",
+                                           headers={**headers, "X-Loopwarden-Loop": stop.type,
+                                                    "x-should-retry": "false"}, shape=dialect.error_body)
                 return exchange
 
         body = raw

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Mapping
 
+from proxy.detect.texts import evidence
+
 PROVIDERS = {"chat": "openai", "responses": "openai", "messages": "anthropic"}
 
 
@@ -59,14 +61,16 @@ class Telemetry:
             span.set_attribute("gen_ai.request.max_tokens", limit)
 
     @staticmethod
-    def answered(span, session: str | None, status: int, request_id: str | None, answer: dict | None) -> None:
-        """What the request came to: the session, the status, the upstream's ids and the tokens it reports."""
+    def answered(span, exchange, status: int, answer: object = None) -> None:
+        """What the request came to: the session, the status, the upstream's ids and the tokens its answer
+        reports (a JSON answer, or what a finished stream said of itself)."""
+        session = exchange.response_headers.get("X-Loopwarden-Session")
         if session:
             span.set_attribute("gen_ai.conversation.id", session)
         span.set_attribute("http.response.status_code", status)
-        if request_id:
-            span.set_attribute("loopwarden.upstream.request_id", request_id)
-        if answer is None:
+        if exchange.request_id:
+            span.set_attribute("loopwarden.upstream.request_id", exchange.request_id)
+        if not isinstance(answer, dict):
             return
         if isinstance(answer.get("id"), str):
             span.set_attribute("gen_ai.response.id", answer["id"])
@@ -81,12 +85,10 @@ class Telemetry:
     @staticmethod
     def episode(span, record: dict) -> None:
         """One event per loop episode served on this request."""
-        detail = record["detail"]
-        evidence = detail.get("error") or detail.get("repeated") or detail.get("arguments") or detail.get("analysis")
         span.add_event("loopwarden.loop", {"loopwarden.type": record["type"], "loopwarden.action": record["action"],
                                            "loopwarden.episode": f"{record['episode']}/{record['episode_limit']}",
-                                           "loopwarden.evidence": str(evidence or "")[:300],
-                                           "loopwarden.enforced": bool(record.get("enforced", True))})
+                                           "loopwarden.evidence": evidence(record["detail"])[:300],
+                                           "loopwarden.enforced": record["enforced"]})
 
     async def close(self) -> None:
         if self._provider is not None:

@@ -42,8 +42,9 @@ class UpstreamFailure(Exception):
 
 
 def json_error(status: int, message: str, type_: str, code: str | None = None,
-               headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=error_body(message, type_, code), content_type="application/json",
+               headers: Mapping[str, str] | None = None, shape=error_body) -> web.Response:
+    """An error the proxy gives, in the OpenAI shape or the one `shape` builds (a dialect's `error_body`)."""
+    return web.Response(status=status, body=shape(message, type_, code), content_type="application/json",
                         headers=headers)
 
 
@@ -81,14 +82,17 @@ def client_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
 
 def upstream_url(settings: Settings, raw_path_after_v1: str, raw_query: str = "", anthropic: bool = False) -> URL:
     """The upstream URL for a path under /v1, with the path and query as the client encoded them: decoded and
-    encoded again, `%2F` or `%26` would change meaning, and `..` would be resolved. The Anthropic base URL is
-    given without `/v1`, as ANTHROPIC_BASE_URL is (with it, it is not doubled)."""
+    encoded again, `%2F` or `%26` would change meaning, and `..` would be resolved."""
     if anthropic:
-        base = str(URL(settings.anthropic_upstream_url)).rstrip("/")
-        base = base if base.endswith("/v1") else base + "/v1"
+        base = anthropic_root(settings.anthropic_upstream_url) + "/v1"
     else:
         base = str(URL(settings.upstream_url)).rstrip("/")
     return URL(base + raw_path_after_v1 + (f"?{raw_query}" if raw_query else ""), encoded=True)
+
+
+def anthropic_root(url: str) -> str:
+    """The Anthropic base URL without a trailing `/v1`: it is given either way, as ANTHROPIC_BASE_URL is."""
+    return str(URL(url)).rstrip("/").removesuffix("/v1")
 
 
 def climbs(raw_path: str) -> bool:
