@@ -93,7 +93,10 @@ class JudgeCheckRow(Base):
     model: Mapped[str | None] = mapped_column(String(256))
     tokens: Mapped[int] = mapped_column(Integer(), default=0)
 
-    __table_args__ = (Index("ix_judge_checks_session", "tenant", "session_id", "task"),)
+    __table_args__ = (
+        Index("ix_judge_checks_session", "tenant", "session_id", "task"),
+        Index("ix_judge_checks_created_at", "created_at", "tenant", "tokens"),
+    )
 
 
 class ResponseRow(Base):
@@ -115,3 +118,69 @@ class ResponseRow(Base):
         Index("ix_responses_conversation", "tenant", "conversation_id", "created_at"),
         Index("ix_responses_created_at", "created_at"),
     )
+
+
+# -- The overview's counts, kept by the log writer in the same transaction as the rows they count (see
+# proxy/store/rollup.py). Buckets are five minutes, named by their start in Unix seconds.
+
+
+class CountBucket(Base):
+    """Detections in a bucket, by tenant, mode, type, action and model."""
+
+    __tablename__ = "count_buckets"
+
+    bucket: Mapped[int] = mapped_column(BigInteger(), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(32), primary_key=True)
+    enforced: Mapped[bool] = mapped_column(Boolean(), primary_key=True)
+    type: Mapped[str] = mapped_column(String(16), primary_key=True)
+    action: Mapped[str] = mapped_column(String(16), primary_key=True)
+    model: Mapped[str] = mapped_column(String(256), primary_key=True)  # "" when the request named none
+    detections: Mapped[int] = mapped_column(BigInteger(), default=0)
+    tokens_saved_estimate: Mapped[int] = mapped_column(BigInteger(), default=0)
+    first_turns: Mapped[int] = mapped_column(BigInteger(), default=0)  # the turns of episodes 1, summed
+    first_episodes: Mapped[int] = mapped_column(BigInteger(), default=0)
+
+
+class TaskOutcome(Base):
+    """A task's story so far: its last detection, its last warning, the last one the model moved on from,
+    whether it reached the stop. It counts in the bucket of its last detection."""
+
+    __tablename__ = "task_outcomes"
+
+    tenant: Mapped[str] = mapped_column(String(32), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    task: Mapped[str] = mapped_column(String(32), primary_key=True)
+    enforced: Mapped[bool] = mapped_column(Boolean(), primary_key=True)
+    last_at: Mapped[datetime | None] = mapped_column(DateTime())
+    last_warned: Mapped[int | None] = mapped_column(Integer())
+    last_moved_on: Mapped[int | None] = mapped_column(Integer())
+    stopped: Mapped[bool] = mapped_column(Boolean(), default=False)
+
+    __table_args__ = (Index("ix_task_outcomes_last_at", "last_at"),)
+
+
+class SessionCount(Base):
+    """A session's detections, and its last enforced one: it is affected in that one's bucket."""
+
+    __tablename__ = "session_counts"
+
+    tenant: Mapped[str] = mapped_column(String(32), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    detections: Mapped[int] = mapped_column(BigInteger(), default=0)
+    last_enforced_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+    __table_args__ = (Index("ix_session_counts_last_enforced_at", "last_enforced_at"),)
+
+
+class OutcomeBucket(Base):
+    """Tasks by outcome and sessions affected, each in the bucket of its last detection."""
+
+    __tablename__ = "outcome_buckets"
+
+    bucket: Mapped[int] = mapped_column(BigInteger(), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(32), primary_key=True)
+    enforced: Mapped[bool] = mapped_column(Boolean(), primary_key=True)
+    warned_tasks: Mapped[int] = mapped_column(BigInteger(), default=0)
+    recovered_tasks: Mapped[int] = mapped_column(BigInteger(), default=0)
+    stopped_tasks: Mapped[int] = mapped_column(BigInteger(), default=0)
+    sessions: Mapped[int] = mapped_column(BigInteger(), default=0)

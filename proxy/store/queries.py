@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import Integer, and_, case, cast, func, select
+from sqlalchemy import Integer, and_, case, cast, func, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.detect.engine import Episode
 from proxy.detect.texts import cut_notice, stop_text, warning_text
-from proxy.store.models import Detection, JudgeCheckRow, SessionRow
+from proxy.store import rollup
+from proxy.store.models import (CountBucket, Detection, JudgeCheckRow, OutcomeBucket, SessionCount, SessionRow,
+                                TaskOutcome)
 
 TYPES = ("tool_call", "tool_cycle", "tool_error", "content", "llm")
 ACTIONS = ("warned", "stopped", "cut")
@@ -110,96 +113,152 @@ async def list_detections(engine: AsyncEngine, where: DetectionFilter, limit: in
     return items, next_cursor
 
 
+def _counted_from(since: datetime) -> tuple[int, datetime]:
+    """The first bucket wholly in a period from `since`, and its start: the rows before it are read as rows."""
+    bucket = rollup.bucket_of(since)
+    if rollup.bucket_start(bucket) < since:
+        bucket += rollup.BUCKET_SECONDS
+    return bucket, rollup.bucket_start(bucket)
+
+
 async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str | None = None) -> dict[str, Any]:
-    """What enforcement did; and, apart, what observe mode saw it would have done. A few passes over the
-    period's rows, each aggregated in the database."""
-    period = and_(True, *DetectionFilter(tenant=tenant, since=since).conditions())
-    enforced = and_(period, Detection.enforced.is_(True))
-    warned = Detection.action.in_(("warned", "cut"))
+    """What enforcement did; and, apart, what observe mode saw it would have done. From the counts kept per
+    bucket (proxy/store/rollup.py), and for a period that starts inside a bucket, from the rows before the
+    first whole one. A task or a session counts in the period of its last detection."""
+    tenant_rows = [Detection.tenant == tenant] if tenant is not None else []
+    buckets = [CountBucket.tenant == tenant] if tenant is not None else []
+    outcome_buckets = [OutcomeBucket.tenant == tenant] if tenant is not None else []
+    head_tasks = [TaskOutcome.tenant == tenant] if tenant is not None else []
+    head_sessions = [SessionCount.tenant == tenant] if tenant is not None else []
+    head = None
+    if since is not None:
+        first_bucket, head_end = _counted_from(since)
+        buckets.append(CountBucket.bucket >= first_bucket)
+        outcome_buckets.append(OutcomeBucket.bucket >= first_bucket)
+        if since < head_end:
+            head = (since, head_end)
+            tenant_rows += [Detection.created_at >= since, Detection.created_at < head_end]
+            head_tasks += [TaskOutcome.last_at >= since, TaskOutcome.last_at < head_end]
+            head_sessions += [SessionCount.last_enforced_at >= since, SessionCount.last_enforced_at < head_end]
+    first = Detection.episode == 1
+    model = func.coalesce(Detection.model, literal_column("''"))
     async with engine.connect() as connection:
         counts = (await connection.execute(
-            select(Detection.enforced, Detection.type, Detection.action, func.count(),
-                   func.coalesce(func.sum(Detection.tokens_saved_estimate), 0))
-            .where(period).group_by(Detection.enforced, Detection.type, Detection.action))).all()
-        sessions = (await connection.execute(select(func.count()).select_from(
-            select(Detection.tenant, Detection.session_id).where(enforced).distinct().subquery()))).scalar()
-        first_turns = (await connection.execute(
-            select(func.avg(Detection.turn)).where(enforced, Detection.episode == 1))).scalar()
-        # Per task (tenant, session, task key): its last warning (or cut), the last one the model moved on
-        # from, and whether it reached the stop.
-        tasks = select(
-            Detection.enforced.label("enforced"),
-            func.max(case((warned, Detection.episode))).label("last_warned"),
-            func.max(case((and_(warned, Detection.recovered.is_(True)), Detection.episode))).label("last_moved_on"),
-            func.max(case((Detection.action == "stopped", 1), else_=0)).label("stopped"),
-        ).where(period).group_by(Detection.tenant, Detection.session_id, Detection.task, Detection.enforced).subquery()
-        outcome = (await connection.execute(select(
-            tasks.c.enforced,
-            func.count(tasks.c.last_warned),
-            func.sum(case((and_(tasks.c.last_warned == tasks.c.last_moved_on, tasks.c.stopped == 0), 1), else_=0)),
-            func.sum(tasks.c.stopped)).group_by(tasks.c.enforced))).all()
+            select(CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model,
+                   func.sum(CountBucket.detections), func.sum(CountBucket.tokens_saved_estimate),
+                   func.sum(CountBucket.first_turns), func.sum(CountBucket.first_episodes))
+            .where(and_(True, *buckets))
+            .group_by(CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model))).all()
+        outcomes = (await connection.execute(
+            select(OutcomeBucket.enforced, func.sum(OutcomeBucket.warned_tasks),
+                   func.sum(OutcomeBucket.recovered_tasks), func.sum(OutcomeBucket.stopped_tasks),
+                   func.sum(OutcomeBucket.sessions))
+            .where(and_(True, *outcome_buckets)).group_by(OutcomeBucket.enforced))).all()
+        if head is not None:
+            counts += (await connection.execute(
+                select(Detection.enforced, Detection.type, Detection.action, model, func.count(),
+                       func.sum(Detection.tokens_saved_estimate), func.sum(case((first, Detection.turn), else_=0)),
+                       func.sum(case((first, 1), else_=0)))
+                .where(*tenant_rows).group_by(Detection.enforced, Detection.type, Detection.action, model))).all()
+            outcomes += (await connection.execute(
+                select(TaskOutcome.enforced, *rollup.task_outcomes(), literal_column("0"))
+                .where(*head_tasks).group_by(TaskOutcome.enforced))).all()
+            outcomes.append((True, 0, 0, 0, (await connection.execute(
+                select(func.count()).select_from(SessionCount).where(*head_sessions))).scalar()))
         judge_condition = [JudgeCheckRow.created_at >= since] if since else []
         if tenant is not None:
             judge_condition.append(JudgeCheckRow.tenant == tenant)
         judge = (await connection.execute(
             select(func.count(), func.coalesce(func.sum(JudgeCheckRow.tokens), 0)).where(
                 and_(True, *judge_condition)))).one()
-    tallies = {True: ({}, {}, 0), False: ({}, {}, 0)}
-    for is_enforced, kind, action, count, saved in counts:
-        by_type, by_action, total_saved = tallies[bool(is_enforced)]
-        by_type[kind] = by_type.get(kind, 0) + count
-        by_action[action] = by_action.get(action, 0) + count
-        tallies[bool(is_enforced)] = (by_type, by_action, total_saved + int(saved or 0))
-    per_mode = {bool(row[0]): (row[1] or 0, int(row[2] or 0), int(row[3] or 0)) for row in outcome}
-    warned_tasks, recovered, _ = per_mode.get(True, (0, 0, 0))
-    by_type, by_action, saved = tallies[True]
-    observed_type, observed_action, _ = tallies[False]
+    modes = {mode: {"by_type": defaultdict(int), "by_action": defaultdict(int), "by_model": defaultdict(int),
+                    "saved": 0, "first_turns": 0, "first_episodes": 0, "tasks": [0, 0, 0, 0]} for mode in (True, False)}
+    for is_enforced, kind, action, model_name, count, saved, first_turns, first_episodes in counts:
+        mode = modes[bool(is_enforced)]
+        mode["by_type"][kind] += int(count or 0)
+        mode["by_action"][action] += int(count or 0)
+        mode["by_model"][model_name or "unknown"] += int(count or 0)
+        mode["saved"] += int(saved or 0)
+        mode["first_turns"] += int(first_turns or 0)
+        mode["first_episodes"] += int(first_episodes or 0)
+    for is_enforced, *tallies in outcomes:
+        totals = modes[bool(is_enforced)]["tasks"]
+        for index, value in enumerate(tallies):
+            totals[index] += int(value or 0)
+    enforced, observed = modes[True], modes[False]
+    warned_tasks, recovered, _, sessions = enforced["tasks"]
     return {
         "since": iso(since),
-        "detections": sum(by_type.values()),
-        "by_type": {t: by_type.get(t, 0) for t in TYPES},
-        "by_action": {a: by_action.get(a, 0) for a in ACTIONS},
-        "sessions_affected": sessions or 0,
-        "average_turns_before_detection": round(float(first_turns), 1) if first_turns is not None else None,
+        "detections": sum(enforced["by_type"].values()),
+        "by_type": {t: enforced["by_type"].get(t, 0) for t in TYPES},
+        "by_action": {a: enforced["by_action"].get(a, 0) for a in ACTIONS},
+        "by_model": dict(sorted(((m, n) for m, n in enforced["by_model"].items() if n), key=lambda item: -item[1])),
+        "sessions_affected": sessions,
+        "average_turns_before_detection": (round(enforced["first_turns"] / enforced["first_episodes"], 1)
+                                           if enforced["first_episodes"] else None),
         "warned_tasks": warned_tasks,
         # A recovery: the model was given the task's last warning and moved on, and the task never reached the stop.
         "recovered_tasks": recovered,
         "recovery_rate": round(recovered / warned_tasks, 3) if warned_tasks else None,
-        "tokens_saved_estimate": saved,
+        "tokens_saved_estimate": enforced["saved"],
         "judge_checks": judge[0],
         "judge_tokens": int(judge[1] or 0),
         "observed": {
-            "detections": sum(observed_type.values()),
-            "by_type": {t: observed_type.get(t, 0) for t in TYPES},
-            "by_action": {a: observed_action.get(a, 0) for a in ACTIONS},
-            "would_have_stopped_tasks": per_mode.get(False, (0, 0, 0))[2],
+            "detections": sum(observed["by_type"].values()),
+            "by_type": {t: observed["by_type"].get(t, 0) for t in TYPES},
+            "by_action": {a: observed["by_action"].get(a, 0) for a in ACTIONS},
+            "would_have_stopped_tasks": observed["tasks"][2],
         },
     }
 
 
 async def timeline(engine: AsyncEngine, where: DetectionFilter, buckets: int = 48,
                    now: datetime | None = None) -> dict[str, Any]:
-    """Detections over time, by type: `buckets` equal spans from the filter's `since` (or the first match)."""
+    """Detections over time, by type: `buckets` equal spans from the filter's `since` (or the first match).
+    Spans of five minutes or more are read from the counts kept per bucket (each counted in the span its
+    bucket starts in, and a period's first part bucket from its rows); shorter ones, and one session's, from
+    the rows."""
     if buckets < 1 or buckets > 500:
         raise QueryError(f"buckets must be between 1 and 500, got {buckets}")
-    conditions = and_(True, *where.conditions())
+    conditions = where.conditions()
+    counted = where.session is None
+    kept = [getattr(CountBucket, name) == value for name, value in (
+        ("tenant", where.tenant), ("type", where.type), ("action", where.action), ("enforced", where.enforced))
+        if value is not None]
     now = now or datetime.now(timezone.utc).replace(tzinfo=None)
-    async with engine.connect() as connection:
-        start = where.since or (await connection.execute(select(func.min(Detection.created_at)).where(conditions))
-                                ).scalar() or now - timedelta(hours=1)
-        width = max(1, -(-int((now - start).total_seconds() + 1) // buckets))  # seconds per bucket, rounded up
-        offset = (start - datetime(1970, 1, 1)).total_seconds()
-        if engine.dialect.name == "postgresql":
-            bucket = func.floor((func.extract("epoch", Detection.created_at) - offset) / width)
-        else:
-            bucket = cast((cast(func.strftime("%s", Detection.created_at), Integer) - int(offset)) / width, Integer)
-        rows = (await connection.execute(
-            select(bucket.label("bucket"), Detection.type, func.count()).where(conditions)
-            .group_by(bucket, Detection.type))).all()
     series = {kind: [0] * buckets for kind in TYPES}
+    async with engine.connect() as connection:
+        start = where.since
+        if start is None and counted:
+            first = (await connection.execute(select(func.min(CountBucket.bucket)).where(*kept))).scalar()
+            start = rollup.bucket_start(first) if first is not None else None
+        elif start is None:
+            start = (await connection.execute(select(func.min(Detection.created_at)).where(*conditions))).scalar()
+        start = start or now - timedelta(hours=1)
+        width = max(1, -(-int((now - start).total_seconds() + 1) // buckets))  # seconds per bucket, rounded up
+        offset = int((start - rollup.EPOCH).total_seconds())
+        counted = counted and width >= rollup.BUCKET_SECONDS
+        if counted:
+            first_bucket, head_end = _counted_from(start)
+            rows = (await connection.execute(
+                select(CountBucket.bucket, CountBucket.type, func.sum(CountBucket.detections))
+                .where(CountBucket.bucket >= first_bucket, *kept).group_by(CountBucket.bucket, CountBucket.type))).all()
+            rows = [((bucket - offset) // width, kind, count) for bucket, kind, count in rows]
+            if start < head_end:  # the part of a bucket the period starts in: the first span
+                rows += [(0, kind, count) for kind, count in (await connection.execute(
+                    select(Detection.type, func.count()).where(*conditions, Detection.created_at < head_end)
+                    .group_by(Detection.type))).all()]
+        else:
+            if engine.dialect.name == "postgresql":
+                bucket = func.floor((func.extract("epoch", Detection.created_at) - offset) / width)
+            else:
+                bucket = cast((cast(func.strftime("%s", Detection.created_at), Integer) - offset) / width, Integer)
+            rows = (await connection.execute(
+                select(bucket.label("bucket"), Detection.type, func.count()).where(*conditions)
+                .group_by(bucket, Detection.type))).all()
     for index, kind, count in rows:
         index = min(max(int(index), 0), buckets - 1)
-        series[kind][index] += count
+        series[kind][index] += int(count)
     return {"start": iso(start), "bucket_seconds": width, "buckets": buckets, "series": series}
 
 
@@ -221,11 +280,10 @@ async def list_sessions(engine: AsyncEngine, since: datetime | None = None, tena
         conditions.append(SessionRow.last_seen >= since)
     if tenant is not None:
         conditions.append(SessionRow.tenant == tenant)
-    counts = (select(Detection.tenant, Detection.session_id, func.count().label("n"))
-              .group_by(Detection.tenant, Detection.session_id).subquery())
-    statement = (
-        select(*SessionRow.__table__.c, func.coalesce(counts.c.n, 0).label("detections"))
-        .outerjoin(counts, and_(counts.c.tenant == SessionRow.tenant, counts.c.session_id == SessionRow.session_id))
+    statement = (  # each session's detections, as counted when they were written
+        select(*SessionRow.__table__.c, func.coalesce(SessionCount.detections, 0).label("detections"))
+        .outerjoin(SessionCount, and_(SessionCount.tenant == SessionRow.tenant,
+                                      SessionCount.session_id == SessionRow.session_id))
         .where(and_(True, *conditions)).order_by(SessionRow.last_seen.desc()).limit(limit)
     )
     async with engine.connect() as connection:

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.detect.judge_policy import JudgeCheck
 from proxy.lru import LRU
+from proxy.store import rollup
 from proxy.store.database import create_engine, ping
 from proxy.store.models import Detection, JudgeCheckRow, ResponseRow, SessionRow
 from proxy.store.writer import LogWriter, utcnow
@@ -26,7 +27,7 @@ from proxy.wire.chat import message_text, tool_calls
 
 log = logging.getLogger("loopwarden.store")
 POLL_EVERY = 1.0
-PRUNE_EVERY = 600.0  # seconds between deletions of responses and detections past their retention
+PRUNE_EVERY = 600.0  # seconds between checks of the overview's counts and deletions past retention
 PRUNE_BATCH = 1000  # detections deleted per transaction: the writer never waits long behind a deletion
 CACHED_RESPONSES = 20_000  # responses kept in memory for chained requests (each bounded, see below)
 JUDGED_SESSIONS = 20_000  # sessions whose judge checks are kept in memory, least recently judged out
@@ -238,21 +239,38 @@ class Store:
         return result
 
     async def prune_detections(self, batch: int = PRUNE_BATCH) -> int:
-        """Delete detections past DETECTION_RETENTION_DAYS, oldest first, `batch` rows a transaction."""
+        """Delete detections past DETECTION_RETENTION_DAYS, oldest first, `batch` rows a transaction, each
+        taking its rows out of the overview's counts. The cutoff is a bucket's start: no bucket is left
+        counting rows that are gone."""
         if self.detection_retention is None:
             return 0
-        cutoff = utcnow() - self.detection_retention
+        cutoff = rollup.bucket_start(rollup.bucket_of(utcnow() - self.detection_retention))
+        dialect = self.engine.dialect.name
         deleted = 0
         while True:
             async with self.engine.begin() as connection:
-                ids = (await connection.execute(select(Detection.id).where(Detection.created_at < cutoff)
-                                                .order_by(Detection.id).limit(batch))).scalars().all()
-                if ids:
-                    await connection.execute(delete(Detection).where(Detection.id.in_(ids)))
-            deleted += len(ids)
-            if len(ids) < batch:
+                rows = (await connection.execute(select(Detection.id, *rollup.COUNTED)
+                                                 .where(Detection.created_at < cutoff)
+                                                 .order_by(Detection.id).limit(batch))).all()
+                if rows:
+                    await connection.execute(delete(Detection).where(Detection.id.in_([row.id for row in rows])))
+                    await rollup.forget(connection, dialect, rows)
+                else:
+                    await rollup.forget_before(connection, cutoff)
+            deleted += len(rows)
+            if not rows:
                 return deleted
             await asyncio.sleep(0.05)  # the writer and the API get the database between batches
+
+    async def check_counts(self) -> bool:
+        """Rebuild the overview's counts when they do not match the detections. True when rebuilt."""
+        async with self.engine.connect() as connection:
+            rows, counted = await rollup.consistent(connection)
+        if rows == counted:
+            return False
+        log.warning("overview counts hold %d of %d detections: rebuilding them from the log", counted, rows)
+        async with self.engine.begin() as connection:
+            return await rollup.rebuild(connection, self.engine.dialect.name)
 
     async def prune_responses(self) -> int:
         """Forget responses past their retention."""
@@ -296,13 +314,14 @@ class Store:
 
     async def _poll(self) -> None:
         loop = asyncio.get_running_loop()
-        pruned_at = loop.time()
+        maintained_at = float("-inf")
         while True:
             await asyncio.sleep(POLL_EVERY)
             try:
                 await self.refresh()
-                if loop.time() - pruned_at >= PRUNE_EVERY:
-                    pruned_at = loop.time()
+                if loop.time() - maintained_at >= PRUNE_EVERY:
+                    maintained_at = loop.time()
+                    await self.check_counts()
                     await self.prune_responses()
                     await self.prune_detections()
             except Exception as exc:

@@ -16,6 +16,7 @@ from sqlalchemy import bindparam, func, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 
+from proxy.store import rollup
 from proxy.store.database import create_engine
 from proxy.store.models import Detection, JudgeCheckRow, ResponseRow, SessionRow
 
@@ -75,9 +76,10 @@ class LogWriter:
         self._failing_since: float | None = None
         self._on_drop = on_drop
         self._drop_logged_at = float("-inf")
-        dialect = make_url(database_url).get_backend_name()
+        dialect = self._dialect = make_url(database_url).get_backend_name()
+        # What a batch inserted comes back (a duplicate episode inserts nothing) for the overview's counts.
         self._insert_detections = dialect_insert(dialect, Detection).on_conflict_do_nothing(
-            index_elements=["episode_key"])
+            index_elements=["episode_key"]).returning(*rollup.COUNTED)
         self._insert_checks = dialect_insert(dialect, JudgeCheckRow)
         self._insert_responses = dialect_insert(dialect, ResponseRow).on_conflict_do_nothing(
             index_elements=["tenant", "response_id"])
@@ -283,12 +285,14 @@ class LogWriter:
                 responses = [r["values"] for r in rows if r["table"] is ResponseRow]
                 if responses:
                     await connection.execute(self._insert_responses, responses)
+                inserted = []
                 if detections:
-                    await connection.execute(self._insert_detections, detections)
+                    inserted = (await connection.execute(self._insert_detections, detections)).all()
                 if checks:
                     await connection.execute(self._insert_checks, checks)
                 if recoveries:
                     await connection.execute(self._mark_recovered, recoveries)
+                await rollup.record(connection, self._dialect, inserted, recoveries)
                 if sessions:
                     await connection.execute(self._upsert_sessions, [
                         {"tenant": seen.tenant, "session_id": seen.session_id, "first_seen": seen.at,

@@ -1,0 +1,371 @@
+"""The overview's counts, kept as the log is written, so that `stats`, the timeline and the page cost what
+their period has buckets, not what it has rows.
+
+Four tables (proxy/store/models.py), each changed in the same transaction as the rows it counts:
+
+- count_buckets: detections per five-minute bucket by tenant, mode, type, action and model, with tokens
+  saved and the turns of first episodes. Additive: a new row adds one, a pruned row takes one away.
+- task_outcomes: each task's story (its last detection, its last warning, the last warning the model moved
+  on from, whether it reached the stop). A task counts in the bucket of its last detection: when it gets
+  another, its outcome leaves the old bucket of outcome_buckets and joins the new one.
+- session_counts: each session's detections, and its last enforced one; a session is affected in that
+  one's bucket of outcome_buckets.
+
+On PostgreSQL several replicas write at once: a task's or a session's row is created first if missing and
+then read FOR UPDATE, so two writers' changes to one task come one after the other. SQLite has one writer.
+
+When the counts do not match the detections (tables new after an upgrade, a restore, rows written by
+another tool) `rebuild` recomputes them from the log in one transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (BigInteger, Integer, and_, bindparam, case, cast, delete, false, func, literal_column, select,
+                        text, true, tuple_, union_all, update)
+from sqlalchemy.dialects import postgresql, sqlite
+
+from proxy.store.models import CountBucket, Detection, OutcomeBucket, SessionCount, TaskOutcome
+
+log = logging.getLogger("loopwarden.store")
+
+BUCKET_SECONDS = 300
+EPOCH = datetime(1970, 1, 1)
+WARNED = ("warned", "cut")  # what a task's warnings are, for its outcome
+
+# What the writer reads back of each detection it inserted (a duplicate episode inserts nothing).
+COUNTED = (Detection.created_at, Detection.tenant, Detection.session_id, Detection.task, Detection.model,
+           Detection.type, Detection.action, Detection.episode, Detection.turn, Detection.tokens_saved_estimate,
+           Detection.recovered, Detection.enforced)
+
+
+def bucket_of(moment: datetime) -> int:
+    """The bucket a naive-UTC time falls in, as its start in Unix seconds."""
+    seconds = int((moment - EPOCH).total_seconds() // 1)
+    return seconds - seconds % BUCKET_SECONDS
+
+
+def bucket_start(bucket: int) -> datetime:
+    return EPOCH + timedelta(seconds=bucket)
+
+
+def bucket_sql(dialect: str, column) -> Any:
+    """bucket_of() in SQL."""
+    width = literal_column(str(BUCKET_SECONDS))
+    if dialect == "postgresql":
+        return cast(func.floor(func.extract("epoch", column) / width) * width, BigInteger)
+    seconds = cast(func.strftime(literal_column("'%s'"), column), Integer)
+    return seconds - seconds % width
+
+
+# TaskState.outcome's rule in SQL, over task_outcomes rows.
+RECOVERED = and_(TaskOutcome.last_warned.is_not(None), TaskOutcome.last_moved_on == TaskOutcome.last_warned,
+                 TaskOutcome.stopped.is_(False))
+
+
+def task_outcomes() -> tuple:
+    """Warned, recovered and stopped tasks among the task_outcomes rows selected."""
+    return (func.count(TaskOutcome.last_warned), func.sum(case((RECOVERED, 1), else_=0)),
+            func.sum(case((TaskOutcome.stopped.is_(True), 1), else_=0)))
+
+
+def _insert(dialect: str, table):
+    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+
+
+@dataclass
+class TaskState:
+    last_at: datetime | None = None
+    last_warned: int | None = None
+    last_moved_on: int | None = None
+    stopped: bool = False
+
+    def add(self, row: Any) -> None:
+        self.last_at = row.created_at if self.last_at is None else max(self.last_at, row.created_at)
+        if row.action in WARNED:
+            self.last_warned = _higher(self.last_warned, row.episode)
+            if row.recovered:
+                self.last_moved_on = _higher(self.last_moved_on, row.episode)
+        elif row.action == "stopped":
+            self.stopped = True
+
+    def moved_on(self, episode: int) -> None:
+        if self.last_warned is not None:
+            self.last_moved_on = _higher(self.last_moved_on, episode)
+
+    def outcome(self) -> tuple[int, int, int]:
+        """(warned, recovered, stopped), each 0 or 1. A recovery: the model was given the task's last warning
+        and moved on, and the task never reached the stop."""
+        if self.last_at is None:
+            return 0, 0, 0
+        warned = self.last_warned is not None
+        recovered = warned and self.last_moved_on == self.last_warned and not self.stopped
+        return int(warned), int(recovered), int(self.stopped)
+
+
+def _higher(a: int | None, b: int) -> int:
+    return b if a is None else max(a, b)
+
+
+class Changes:
+    """Deltas for the bucket tables, summed over a batch."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+        self.outcomes: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+
+    def count(self, row: Any, sign: int = 1) -> None:
+        key = (bucket_of(row.created_at), row.tenant, bool(row.enforced), row.type, row.action, row.model or "")
+        first = row.episode == 1
+        delta = self.counts[key]
+        delta[0] += sign
+        delta[1] += sign * (row.tokens_saved_estimate or 0)
+        delta[2] += sign * row.turn if first else 0
+        delta[3] += sign if first else 0
+
+    def move_task(self, tenant: str, enforced: bool, before: TaskState, after: TaskState) -> None:
+        for state, sign in ((before, -1), (after, 1)):
+            if state.last_at is not None:
+                delta = self.outcomes[(bucket_of(state.last_at), tenant, enforced)]
+                for index, value in enumerate(state.outcome()):
+                    delta[index] += sign * value
+
+    def move_session(self, tenant: str, before: datetime | None, after: datetime) -> None:
+        if before is not None:
+            self.outcomes[(bucket_of(before), tenant, True)][3] -= 1
+        self.outcomes[(bucket_of(after), tenant, True)][3] += 1
+
+    async def write(self, connection, dialect: str) -> None:
+        """Add the deltas, in key order (two writers lock bucket rows in the same order)."""
+        counts = [{"bucket": k[0], "tenant": k[1], "enforced": k[2], "type": k[3], "action": k[4], "model": k[5],
+                   "detections": d[0], "tokens_saved_estimate": d[1], "first_turns": d[2], "first_episodes": d[3]}
+                  for k, d in sorted(self.counts.items()) if any(d)]
+        if counts:
+            upsert = _insert(dialect, CountBucket)
+            await connection.execute(upsert.on_conflict_do_update(
+                index_elements=["bucket", "tenant", "enforced", "type", "action", "model"],
+                set_={name: getattr(CountBucket, name) + getattr(upsert.excluded, name)
+                      for name in ("detections", "tokens_saved_estimate", "first_turns", "first_episodes")}),
+                counts)
+        outcomes = [{"bucket": k[0], "tenant": k[1], "enforced": k[2], "warned_tasks": d[0],
+                     "recovered_tasks": d[1], "stopped_tasks": d[2], "sessions": d[3]}
+                    for k, d in sorted(self.outcomes.items()) if any(d)]
+        if outcomes:
+            upsert = _insert(dialect, OutcomeBucket)
+            await connection.execute(upsert.on_conflict_do_update(
+                index_elements=["bucket", "tenant", "enforced"],
+                set_={name: getattr(OutcomeBucket, name) + getattr(upsert.excluded, name)
+                      for name in ("warned_tasks", "recovered_tasks", "stopped_tasks", "sessions")}),
+                outcomes)
+
+
+async def _locked(connection, dialect: str, table, keys: list[tuple], key_columns: tuple[str, ...],
+                  blank: dict, create: bool) -> dict[tuple, Any]:
+    """The rows of `table` with these keys, locked for this transaction; with `create`, missing ones are
+    inserted blank first (so a concurrent writer waits for ours instead of inserting its own)."""
+    if not keys:
+        return {}
+    if create:
+        await connection.execute(_insert(dialect, table).on_conflict_do_nothing(index_elements=list(key_columns)),
+                                 [dict(zip(key_columns, key), **blank) for key in keys])
+    columns = [getattr(table, name) for name in key_columns]
+    found = {}
+    for start in range(0, len(keys), 500):
+        rows = (await connection.execute(
+            select(table).where(tuple_(*columns).in_(keys[start:start + 500])).order_by(*columns)
+            .with_for_update())).all()
+        found.update({tuple(getattr(row, name) for name in key_columns): row for row in rows})
+    return found
+
+
+TASK_KEY = ("tenant", "session_id", "task", "enforced")
+
+
+async def _save_tasks(connection, changes: Changes, before: dict[tuple, TaskState],
+                      after: dict[tuple, TaskState]) -> None:
+    """Write the tasks whose story changed (a task left with no detection goes), moving their outcomes."""
+    changed = [(key, state) for key, state in sorted(after.items()) if state != before[key]]
+    for key, state in changed:
+        changes.move_task(key[0], key[3], before[key], state)
+    where = and_(*(getattr(TaskOutcome, name) == bindparam(f"k_{name}") for name in TASK_KEY))
+    kept = [{**dict(zip([f"k_{name}" for name in TASK_KEY], key)), **vars(state)}
+            for key, state in changed if state.last_at is not None]
+    if kept:
+        await connection.execute(update(TaskOutcome).where(where).values(
+            last_at=bindparam("last_at"), last_warned=bindparam("last_warned"),
+            last_moved_on=bindparam("last_moved_on"), stopped=bindparam("stopped")), kept)
+    gone = [dict(zip([f"k_{name}" for name in TASK_KEY], key)) for key, state in changed if state.last_at is None]
+    if gone:
+        await connection.execute(delete(TaskOutcome).where(where), gone)
+
+
+def _state(row: Any) -> TaskState:
+    return TaskState(row.last_at, row.last_warned, row.last_moved_on, bool(row.stopped))
+
+
+async def record(connection, dialect: str, detections: list, recoveries: list[dict]) -> None:
+    """Count a batch the writer has just inserted (`detections`: COUNTED rows) and the recovery marks it has
+    just set, in the writer's transaction."""
+    if not detections and not recoveries:
+        return
+    changes = Changes()
+    for row in detections:
+        changes.count(row)
+
+    task_keys = sorted({(r.tenant, r.session_id, r.task, bool(r.enforced)) for r in detections})
+    marked = sorted({(v["b_tenant"], v["b_session_id"], v["b_task"], enforced)
+                     for v in recoveries for enforced in (True, False)} - set(task_keys))
+    rows = await _locked(connection, dialect, TaskOutcome, task_keys, TASK_KEY, {"stopped": False}, create=True)
+    rows.update(await _locked(connection, dialect, TaskOutcome, marked, TASK_KEY, {}, create=False))
+    before = {key: _state(row) for key, row in rows.items()}
+    after = {key: TaskState(**vars(state)) for key, state in before.items()}
+    for row in detections:
+        after[(row.tenant, row.session_id, row.task, bool(row.enforced))].add(row)
+    for values in recoveries:
+        for enforced in (True, False):
+            state = after.get((values["b_tenant"], values["b_session_id"], values["b_task"], enforced))
+            if state is not None:
+                state.moved_on(values["b_episode"])
+    await _save_tasks(connection, changes, before, after)
+
+    sessions: dict[tuple, list] = {}
+    for row in detections:
+        entry = sessions.setdefault((row.tenant, row.session_id), [0, None])
+        entry[0] += 1
+        if row.enforced and (entry[1] is None or row.created_at > entry[1]):
+            entry[1] = row.created_at
+    if sessions:
+        keys = sorted(sessions)
+        found = await _locked(connection, dialect, SessionCount, keys, ("tenant", "session_id"),
+                              {"detections": 0}, create=True)
+        updates = []
+        for key in keys:
+            added, last = sessions[key]
+            previous = found[key].last_enforced_at
+            if last is not None and (previous is None or last > previous):
+                if previous is None or bucket_of(previous) != bucket_of(last):
+                    changes.move_session(key[0], previous, last)
+            else:
+                last = previous
+            updates.append({"k_tenant": key[0], "k_session_id": key[1], "added": added, "last": last})
+        await connection.execute(
+            update(SessionCount).where(SessionCount.tenant == bindparam("k_tenant"),
+                                       SessionCount.session_id == bindparam("k_session_id"))
+            .values(detections=SessionCount.detections + bindparam("added"), last_enforced_at=bindparam("last")),
+            updates)
+    await changes.write(connection, dialect)
+
+
+async def forget(connection, dialect: str, rows: list) -> None:
+    """Take deleted detections (COUNTED rows) out of the counts, in the deleting transaction: their tasks'
+    stories are read again from the rows left."""
+    changes = Changes()
+    per_session: dict[tuple, int] = defaultdict(int)
+    for row in rows:
+        changes.count(row, -1)
+        per_session[(row.tenant, row.session_id)] += 1
+    keys = sorted({(r.tenant, r.session_id, r.task, bool(r.enforced)) for r in rows})
+    found = await _locked(connection, dialect, TaskOutcome, keys, TASK_KEY, {}, create=False)
+    before = {key: _state(row) for key, row in found.items()}
+    after = {key: TaskState() for key in before}
+    columns = [getattr(Detection, name) for name in TASK_KEY]
+    for start in range(0, len(keys), 500):
+        for row in (await connection.execute(select(*COUNTED).where(
+                tuple_(*columns).in_(keys[start:start + 500])))).all():
+            state = after.get((row.tenant, row.session_id, row.task, bool(row.enforced)))
+            if state is not None:
+                state.add(row)
+    await _save_tasks(connection, changes, before, after)
+    if per_session:
+        await connection.execute(
+            update(SessionCount).where(SessionCount.tenant == bindparam("k_tenant"),
+                                       SessionCount.session_id == bindparam("k_session_id"))
+            .values(detections=SessionCount.detections - bindparam("removed")),
+            [{"k_tenant": k[0], "k_session_id": k[1], "removed": n} for k, n in sorted(per_session.items())])
+    await changes.write(connection, dialect)
+
+
+async def forget_before(connection, cutoff: datetime) -> None:
+    """After the detections before `cutoff` (a bucket's start) are deleted: tasks and sessions whose last
+    detection was before it, and the buckets before it."""
+    bucket = bucket_of(cutoff)
+    await connection.execute(delete(TaskOutcome).where(TaskOutcome.last_at < cutoff))
+    await connection.execute(update(SessionCount).where(SessionCount.last_enforced_at < cutoff)
+                             .values(last_enforced_at=None))
+    await connection.execute(delete(SessionCount).where(SessionCount.detections <= 0,
+                                                        SessionCount.last_enforced_at.is_(None)))
+    await connection.execute(delete(OutcomeBucket).where(OutcomeBucket.bucket < bucket))
+    await connection.execute(delete(CountBucket).where(CountBucket.bucket < bucket, CountBucket.detections <= 0))
+
+
+async def consistent(connection) -> tuple[int, int]:
+    """(detections in the log, detections counted): equal when the counts are whole. One statement, so one
+    snapshot: the writer changes both in one transaction."""
+    row = (await connection.execute(select(
+        select(func.count()).select_from(Detection).scalar_subquery(),
+        select(func.coalesce(func.sum(CountBucket.detections), 0)).scalar_subquery()))).one()
+    return int(row[0]), int(row[1])
+
+
+async def rebuild(connection, dialect: str) -> bool:
+    """Recompute every count from the detections, unless another writer has just done it. True when it did."""
+    # Writers wait (their batches stay buffered); a second rebuild waits, then finds the counts whole.
+    if dialect == "postgresql":
+        await connection.execute(text("LOCK TABLE detections IN SHARE ROW EXCLUSIVE MODE"))
+    else:  # a write first takes SQLite's one write lock, so what is read next is not stale
+        await connection.execute(delete(OutcomeBucket).where(false()))
+    rows, counted = await consistent(connection)
+    if rows == counted and (rows == 0 or await _has_tasks(connection)):
+        return False
+    for table in (CountBucket, TaskOutcome, SessionCount, OutcomeBucket):
+        await connection.execute(delete(table))
+    bucket = bucket_sql(dialect, Detection.created_at)
+    model = func.coalesce(Detection.model, literal_column("''"))
+    first = Detection.episode == 1
+    warned = Detection.action.in_(WARNED)
+    await connection.execute(_insert(dialect, CountBucket).from_select(
+        ["bucket", "tenant", "enforced", "type", "action", "model", "detections", "tokens_saved_estimate",
+         "first_turns", "first_episodes"],
+        select(bucket, Detection.tenant, Detection.enforced, Detection.type, Detection.action,
+               model, func.count(), func.coalesce(func.sum(Detection.tokens_saved_estimate), 0),
+               func.sum(case((first, Detection.turn), else_=0)), func.sum(case((first, 1), else_=0)))
+        .group_by(bucket, Detection.tenant, Detection.enforced, Detection.type, Detection.action, model)))
+    await connection.execute(_insert(dialect, TaskOutcome).from_select(
+        ["tenant", "session_id", "task", "enforced", "last_at", "last_warned", "last_moved_on", "stopped"],
+        select(Detection.tenant, Detection.session_id, Detection.task, Detection.enforced,
+               func.max(Detection.created_at), func.max(case((warned, Detection.episode))),
+               func.max(case((and_(warned, Detection.recovered.is_(True)), Detection.episode))),
+               func.max(case((Detection.action == "stopped", 1), else_=0)) == 1)
+        .group_by(Detection.tenant, Detection.session_id, Detection.task, Detection.enforced)))
+    await connection.execute(_insert(dialect, SessionCount).from_select(
+        ["tenant", "session_id", "detections", "last_enforced_at"],
+        select(Detection.tenant, Detection.session_id, func.count(),
+               func.max(case((Detection.enforced.is_(True), Detection.created_at))))
+        .group_by(Detection.tenant, Detection.session_id)))
+    task_bucket = bucket_sql(dialect, TaskOutcome.last_at)
+    session_bucket = bucket_sql(dialect, SessionCount.last_enforced_at)
+    zero, one = literal_column("0"), literal_column("1")
+    parts = union_all(
+        select(task_bucket.label("bucket"), TaskOutcome.tenant.label("tenant"),
+               TaskOutcome.enforced.label("enforced"),
+               case((TaskOutcome.last_warned.is_not(None), 1), else_=0).label("w"),
+               case((RECOVERED, 1), else_=0).label("r"),
+               case((TaskOutcome.stopped.is_(True), 1), else_=0).label("s"), zero.label("n")),
+        select(session_bucket, SessionCount.tenant, true(), zero, zero, zero, one)
+        .where(SessionCount.last_enforced_at.is_not(None)),
+    ).subquery()
+    await connection.execute(_insert(dialect, OutcomeBucket).from_select(
+        ["bucket", "tenant", "enforced", "warned_tasks", "recovered_tasks", "stopped_tasks", "sessions"],
+        select(parts.c.bucket, parts.c.tenant, parts.c.enforced, func.sum(parts.c.w), func.sum(parts.c.r),
+               func.sum(parts.c.s), func.sum(parts.c.n)).group_by(parts.c.bucket, parts.c.tenant, parts.c.enforced)))
+    log.warning("overview counts rebuilt from %d detections", rows)
+    return True
+
+
+async def _has_tasks(connection) -> bool:
+    return (await connection.execute(select(TaskOutcome.tenant).limit(1))).first() is not None
