@@ -1,5 +1,6 @@
-"""The overview's counts, kept as the log is written: detections per five-minute bucket, each task's outcome,
-each session's count, and tasks and sessions per bucket of their last detection. Judge checks by time.
+"""The overview's counts, kept as the log is written: detections per five minutes and per hour, each task's
+outcome, each session's count, and tasks and sessions per bucket of their last detection. Judge checks by
+time.
 
 The tables start empty; the first `serve` finds them short of the detections and fills them from the log
 (proxy/store/rollup.py), as it would after a restore.
@@ -27,6 +28,7 @@ def _count(name: str) -> sa.Column:
 def upgrade() -> None:
     op.create_table(
         "count_buckets",
+        sa.Column("span", sa.Integer(), primary_key=True),
         sa.Column("bucket", sa.BigInteger(), primary_key=True),
         sa.Column("tenant", sa.String(32), primary_key=True),
         sa.Column("enforced", sa.Boolean(), primary_key=True),

@@ -121,14 +121,15 @@ class ResponseRow(Base):
 
 
 # -- The overview's counts, kept by the log writer in the same transaction as the rows they count (see
-# proxy/store/rollup.py). Buckets are five minutes, named by their start in Unix seconds.
+# proxy/store/rollup.py). Buckets are named by their start in Unix seconds.
 
 
 class CountBucket(Base):
-    """Detections in a bucket, by tenant, mode, type, action and model."""
+    """Detections in a bucket of five minutes and, apart, of an hour: by tenant, mode, type, action, model."""
 
     __tablename__ = "count_buckets"
 
+    span: Mapped[int] = mapped_column(Integer(), primary_key=True)  # the bucket's length in seconds
     bucket: Mapped[int] = mapped_column(BigInteger(), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(32), primary_key=True)
     enforced: Mapped[bool] = mapped_column(Boolean(), primary_key=True)
@@ -173,7 +174,7 @@ class SessionCount(Base):
 
 
 class OutcomeBucket(Base):
-    """Tasks by outcome and sessions affected, each in the bucket of its last detection."""
+    """Tasks by outcome and sessions affected, each in the five-minute bucket of its last detection."""
 
     __tablename__ = "outcome_buckets"
 

@@ -113,42 +113,44 @@ async def list_detections(engine: AsyncEngine, where: DetectionFilter, limit: in
     return items, next_cursor
 
 
-def _counted_from(since: datetime) -> tuple[int, datetime]:
-    """The first bucket wholly in a period from `since`, and its start: the rows before it are read as rows."""
-    bucket = rollup.bucket_of(since)
-    if rollup.bucket_start(bucket) < since:
-        bucket += rollup.BUCKET_SECONDS
-    return bucket, rollup.bucket_start(bucket)
+def _sources(since: datetime | None, span: int = rollup.HOUR) -> tuple[list[list], tuple | None]:
+    """Where a period's detections are counted: conditions on count_buckets (its hours, then the five-minute
+    buckets before its first hour; or five-minute buckets only) and the part before its first five-minute
+    bucket, [since, end), read as rows."""
+    if since is None:
+        return [[CountBucket.span == span]], None
+    fine = rollup.first_bucket_from(since, rollup.BUCKET_SECONDS)
+    sources = [[CountBucket.span == rollup.BUCKET_SECONDS, CountBucket.bucket >= fine]]
+    if span == rollup.HOUR:
+        coarse = rollup.first_bucket_from(since, rollup.HOUR)
+        sources = [[CountBucket.span == rollup.HOUR, CountBucket.bucket >= coarse],
+                   [*sources[0], CountBucket.bucket < coarse]]
+    head_end = rollup.bucket_start(fine)
+    return sources, ((since, head_end) if since < head_end else None)
 
 
 async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str | None = None) -> dict[str, Any]:
     """What enforcement did; and, apart, what observe mode saw it would have done. From the counts kept per
     bucket (proxy/store/rollup.py), and for a period that starts inside a bucket, from the rows before the
     first whole one. A task or a session counts in the period of its last detection."""
-    tenant_rows = [Detection.tenant == tenant] if tenant is not None else []
-    buckets = [CountBucket.tenant == tenant] if tenant is not None else []
-    outcome_buckets = [OutcomeBucket.tenant == tenant] if tenant is not None else []
-    head_tasks = [TaskOutcome.tenant == tenant] if tenant is not None else []
-    head_sessions = [SessionCount.tenant == tenant] if tenant is not None else []
-    head = None
+    def by_tenant(column) -> list:
+        return [column == tenant] if tenant is not None else []
+
+    sources, head = _sources(since)
+    outcome_buckets = by_tenant(OutcomeBucket.tenant)
     if since is not None:
-        first_bucket, head_end = _counted_from(since)
-        buckets.append(CountBucket.bucket >= first_bucket)
-        outcome_buckets.append(OutcomeBucket.bucket >= first_bucket)
-        if since < head_end:
-            head = (since, head_end)
-            tenant_rows += [Detection.created_at >= since, Detection.created_at < head_end]
-            head_tasks += [TaskOutcome.last_at >= since, TaskOutcome.last_at < head_end]
-            head_sessions += [SessionCount.last_enforced_at >= since, SessionCount.last_enforced_at < head_end]
+        outcome_buckets.append(OutcomeBucket.bucket >= rollup.first_bucket_from(since, rollup.BUCKET_SECONDS))
     first = Detection.episode == 1
     model = func.coalesce(Detection.model, literal_column("''"))
     async with engine.connect() as connection:
-        counts = (await connection.execute(
-            select(CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model,
-                   func.sum(CountBucket.detections), func.sum(CountBucket.tokens_saved_estimate),
-                   func.sum(CountBucket.first_turns), func.sum(CountBucket.first_episodes))
-            .where(and_(True, *buckets))
-            .group_by(CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model))).all()
+        counts = []
+        for conditions in sources:
+            counts += (await connection.execute(
+                select(CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model,
+                       func.sum(CountBucket.detections), func.sum(CountBucket.tokens_saved_estimate),
+                       func.sum(CountBucket.first_turns), func.sum(CountBucket.first_episodes))
+                .where(*conditions, *by_tenant(CountBucket.tenant))
+                .group_by(CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model))).all()
         outcomes = (await connection.execute(
             select(OutcomeBucket.enforced, func.sum(OutcomeBucket.warned_tasks),
                    func.sum(OutcomeBucket.recovered_tasks), func.sum(OutcomeBucket.stopped_tasks),
@@ -159,12 +161,16 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
                 select(Detection.enforced, Detection.type, Detection.action, model, func.count(),
                        func.sum(Detection.tokens_saved_estimate), func.sum(case((first, Detection.turn), else_=0)),
                        func.sum(case((first, 1), else_=0)))
-                .where(*tenant_rows).group_by(Detection.enforced, Detection.type, Detection.action, model))).all()
+                .where(Detection.created_at >= head[0], Detection.created_at < head[1], *by_tenant(Detection.tenant))
+                .group_by(Detection.enforced, Detection.type, Detection.action, model))).all()
             outcomes += (await connection.execute(
                 select(TaskOutcome.enforced, *rollup.task_outcomes(), literal_column("0"))
-                .where(*head_tasks).group_by(TaskOutcome.enforced))).all()
+                .where(TaskOutcome.last_at >= head[0], TaskOutcome.last_at < head[1], *by_tenant(TaskOutcome.tenant))
+                .group_by(TaskOutcome.enforced))).all()
             outcomes.append((True, 0, 0, 0, (await connection.execute(
-                select(func.count()).select_from(SessionCount).where(*head_sessions))).scalar()))
+                select(func.count()).select_from(SessionCount).where(
+                    SessionCount.last_enforced_at >= head[0], SessionCount.last_enforced_at < head[1],
+                    *by_tenant(SessionCount.tenant)))).scalar()))
         judge_condition = [JudgeCheckRow.created_at >= since] if since else []
         if tenant is not None:
             judge_condition.append(JudgeCheckRow.tenant == tenant)
@@ -215,9 +221,9 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
 async def timeline(engine: AsyncEngine, where: DetectionFilter, buckets: int = 48,
                    now: datetime | None = None) -> dict[str, Any]:
     """Detections over time, by type: `buckets` equal spans from the filter's `since` (or the first match).
-    Spans of five minutes or more are read from the counts kept per bucket (each counted in the span its
-    bucket starts in, and a period's first part bucket from its rows); shorter ones, and one session's, from
-    the rows."""
+    Spans of five minutes or more are read from the counts kept per bucket, hours for spans of an hour or
+    more (each bucket counted in the span it starts in; the part of five minutes a period starts in, from its
+    rows); shorter spans, and one session's, from the rows."""
     if buckets < 1 or buckets > 500:
         raise QueryError(f"buckets must be between 1 and 500, got {buckets}")
     conditions = where.conditions()
@@ -230,7 +236,8 @@ async def timeline(engine: AsyncEngine, where: DetectionFilter, buckets: int = 4
     async with engine.connect() as connection:
         start = where.since
         if start is None and counted:
-            first = (await connection.execute(select(func.min(CountBucket.bucket)).where(*kept))).scalar()
+            first = (await connection.execute(select(func.min(CountBucket.bucket)).where(
+                CountBucket.span == rollup.BUCKET_SECONDS, *kept))).scalar()
             start = rollup.bucket_start(first) if first is not None else None
         elif start is None:
             start = (await connection.execute(select(func.min(Detection.created_at)).where(*conditions))).scalar()
@@ -239,14 +246,16 @@ async def timeline(engine: AsyncEngine, where: DetectionFilter, buckets: int = 4
         offset = int((start - rollup.EPOCH).total_seconds())
         counted = counted and width >= rollup.BUCKET_SECONDS
         if counted:
-            first_bucket, head_end = _counted_from(start)
-            rows = (await connection.execute(
-                select(CountBucket.bucket, CountBucket.type, func.sum(CountBucket.detections))
-                .where(CountBucket.bucket >= first_bucket, *kept).group_by(CountBucket.bucket, CountBucket.type))).all()
-            rows = [((bucket - offset) // width, kind, count) for bucket, kind, count in rows]
-            if start < head_end:  # the part of a bucket the period starts in: the first span
+            sources, head = _sources(start, rollup.HOUR if width >= rollup.HOUR else rollup.BUCKET_SECONDS)
+            rows = []
+            for source in sources:
+                rows += [((bucket - offset) // width, kind, count) for bucket, kind, count in (
+                    await connection.execute(
+                        select(CountBucket.bucket, CountBucket.type, func.sum(CountBucket.detections))
+                        .where(*source, *kept).group_by(CountBucket.bucket, CountBucket.type))).all()]
+            if head is not None:  # the part of five minutes the period starts in: the first span
                 rows += [(0, kind, count) for kind, count in (await connection.execute(
-                    select(Detection.type, func.count()).where(*conditions, Detection.created_at < head_end)
+                    select(Detection.type, func.count()).where(*conditions, Detection.created_at < head[1])
                     .group_by(Detection.type))).all()]
         else:
             if engine.dialect.name == "postgresql":

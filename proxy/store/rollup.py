@@ -3,8 +3,10 @@ their period has buckets, not what it has rows.
 
 Four tables (proxy/store/models.py), each changed in the same transaction as the rows it counts:
 
-- count_buckets: detections per five-minute bucket by tenant, mode, type, action and model, with tokens
-  saved and the turns of first episodes. Additive: a new row adds one, a pruned row takes one away.
+- count_buckets: detections per five-minute bucket and, apart, per hour, by tenant, mode, type, action and
+  model, with tokens saved and the turns of first episodes. Additive: a new row adds one to its five
+  minutes and one to its hour, a pruned row takes them away. A month is read from its hours, the parts of
+  an hour at its ends from five-minute buckets, and the part of five minutes at its start from the rows.
 - task_outcomes: each task's story (its last detection, its last warning, the last warning the model moved
   on from, whether it reached the stop). A task counts in the bucket of its last detection: when it gets
   another, its outcome leaves the old bucket of outcome_buckets and joins the new one.
@@ -35,6 +37,8 @@ from proxy.store.models import CountBucket, Detection, OutcomeBucket, SessionCou
 log = logging.getLogger("loopwarden.store")
 
 BUCKET_SECONDS = 300
+HOUR = 3600
+SPANS = (BUCKET_SECONDS, HOUR)
 EPOCH = datetime(1970, 1, 1)
 WARNED = ("warned", "cut")  # what a task's warnings are, for its outcome
 
@@ -44,10 +48,16 @@ COUNTED = (Detection.created_at, Detection.tenant, Detection.session_id, Detecti
            Detection.recovered, Detection.enforced)
 
 
-def bucket_of(moment: datetime) -> int:
+def bucket_of(moment: datetime, span: int = BUCKET_SECONDS) -> int:
     """The bucket a naive-UTC time falls in, as its start in Unix seconds."""
     seconds = int((moment - EPOCH).total_seconds() // 1)
-    return seconds - seconds % BUCKET_SECONDS
+    return seconds - seconds % span
+
+
+def first_bucket_from(moment: datetime, span: int) -> int:
+    """The first bucket that starts at `moment` or after."""
+    bucket = bucket_of(moment, span)
+    return bucket if bucket_start(bucket) >= moment else bucket + span
 
 
 def bucket_start(bucket: int) -> datetime:
@@ -112,6 +122,9 @@ def _higher(a: int | None, b: int) -> int:
     return b if a is None else max(a, b)
 
 
+COUNT_KEY = ("span", "bucket", "tenant", "enforced", "type", "action", "model")
+
+
 class Changes:
     """Deltas for the bucket tables, summed over a batch."""
 
@@ -120,13 +133,14 @@ class Changes:
         self.outcomes: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
 
     def count(self, row: Any, sign: int = 1) -> None:
-        key = (bucket_of(row.created_at), row.tenant, bool(row.enforced), row.type, row.action, row.model or "")
         first = row.episode == 1
-        delta = self.counts[key]
-        delta[0] += sign
-        delta[1] += sign * (row.tokens_saved_estimate or 0)
-        delta[2] += sign * row.turn if first else 0
-        delta[3] += sign if first else 0
+        for span in SPANS:
+            delta = self.counts[(span, bucket_of(row.created_at, span), row.tenant, bool(row.enforced), row.type,
+                                 row.action, row.model or "")]
+            delta[0] += sign
+            delta[1] += sign * (row.tokens_saved_estimate or 0)
+            delta[2] += sign * row.turn if first else 0
+            delta[3] += sign if first else 0
 
     def move_task(self, tenant: str, enforced: bool, before: TaskState, after: TaskState) -> None:
         for state, sign in ((before, -1), (after, 1)):
@@ -142,13 +156,12 @@ class Changes:
 
     async def write(self, connection, dialect: str) -> None:
         """Add the deltas, in key order (two writers lock bucket rows in the same order)."""
-        counts = [{"bucket": k[0], "tenant": k[1], "enforced": k[2], "type": k[3], "action": k[4], "model": k[5],
-                   "detections": d[0], "tokens_saved_estimate": d[1], "first_turns": d[2], "first_episodes": d[3]}
-                  for k, d in sorted(self.counts.items()) if any(d)]
+        counts = [{**dict(zip(COUNT_KEY, k)), "detections": d[0], "tokens_saved_estimate": d[1],
+                   "first_turns": d[2], "first_episodes": d[3]} for k, d in sorted(self.counts.items()) if any(d)]
         if counts:
             upsert = _insert(dialect, CountBucket)
             await connection.execute(upsert.on_conflict_do_update(
-                index_elements=["bucket", "tenant", "enforced", "type", "action", "model"],
+                index_elements=list(COUNT_KEY),
                 set_={name: getattr(CountBucket, name) + getattr(upsert.excluded, name)
                       for name in ("detections", "tokens_saved_estimate", "first_turns", "first_episodes")}),
                 counts)
@@ -308,7 +321,8 @@ async def consistent(connection) -> tuple[int, int]:
     snapshot: the writer changes both in one transaction."""
     row = (await connection.execute(select(
         select(func.count()).select_from(Detection).scalar_subquery(),
-        select(func.coalesce(func.sum(CountBucket.detections), 0)).scalar_subquery()))).one()
+        select(func.coalesce(func.sum(CountBucket.detections), 0)).where(CountBucket.span == BUCKET_SECONDS)
+        .scalar_subquery()))).one()
     return int(row[0]), int(row[1])
 
 
@@ -328,13 +342,19 @@ async def rebuild(connection, dialect: str) -> bool:
     model = func.coalesce(Detection.model, literal_column("''"))
     first = Detection.episode == 1
     warned = Detection.action.in_(WARNED)
+    sums = ["detections", "tokens_saved_estimate", "first_turns", "first_episodes"]
     await connection.execute(_insert(dialect, CountBucket).from_select(
-        ["bucket", "tenant", "enforced", "type", "action", "model", "detections", "tokens_saved_estimate",
-         "first_turns", "first_episodes"],
-        select(bucket, Detection.tenant, Detection.enforced, Detection.type, Detection.action,
-               model, func.count(), func.coalesce(func.sum(Detection.tokens_saved_estimate), 0),
+        list(COUNT_KEY) + sums,
+        select(literal_column(str(BUCKET_SECONDS)), bucket, Detection.tenant, Detection.enforced, Detection.type,
+               Detection.action, model, func.count(), func.coalesce(func.sum(Detection.tokens_saved_estimate), 0),
                func.sum(case((first, Detection.turn), else_=0)), func.sum(case((first, 1), else_=0)))
         .group_by(bucket, Detection.tenant, Detection.enforced, Detection.type, Detection.action, model)))
+    hour = CountBucket.bucket - CountBucket.bucket % literal_column(str(HOUR))
+    dimensions = [CountBucket.tenant, CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model]
+    await connection.execute(_insert(dialect, CountBucket).from_select(
+        list(COUNT_KEY) + sums,
+        select(literal_column(str(HOUR)), hour, *dimensions, *(func.sum(getattr(CountBucket, name)) for name in sums))
+        .where(CountBucket.span == BUCKET_SECONDS).group_by(hour, *dimensions)))
     await connection.execute(_insert(dialect, TaskOutcome).from_select(
         ["tenant", "session_id", "task", "enforced", "last_at", "last_warned", "last_moved_on", "stopped"],
         select(Detection.tenant, Detection.session_id, Detection.task, Detection.enforced,
