@@ -9,6 +9,7 @@ from sqlalchemy import pool
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from proxy.store.database import sqlite_pragmas
 from proxy.store.models import Base
 
 config = context.config
@@ -35,6 +36,8 @@ def _run(connection: Connection) -> None:
 
 async def run_online() -> None:
     engine = create_async_engine(config.get_main_option("sqlalchemy.url"), poolclass=pool.NullPool)
+    if engine.dialect.name == "sqlite":
+        sqlite_pragmas(engine)  # a SQLite file is in WAL mode from its first migration on
     try:
         async with engine.connect() as connection:
             await connection.run_sync(_run)

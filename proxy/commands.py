@@ -94,6 +94,8 @@ async def _stats(engine, args, since) -> str:
         *(f"  {kind:<24} {count}" for kind, count in result["by_type"].items()),
         "by action",
         *(f"  {action:<24} {count}" for action, count in result["by_action"].items()),
+        "by model",
+        *(f"  {model:<24} {count}" for model, count in result["by_model"].items()),
         f"sessions affected          {result['sessions_affected']}",
         f"avg turns before detection {result['average_turns_before_detection'] or '-'}",
         f"recovery rate              {'-' if rate is None else f'{rate:.0%}'} "

@@ -90,13 +90,13 @@ async def assert_counts_equal_a_rebuild(engine) -> None:
 
 
 def story(rng: random.Random, now, tasks: int = 40) -> list[tuple[dict, bool]]:
-    """Tasks over three days, each warned one to three times, some stopped, some in observe mode; with
+    """Tasks over three days (a quarter in the last hour), each warned one to three times, some stopped, some in observe mode; with
     whether the model moved on from each warning."""
     events = []
     for n in range(tasks):
         tenant, session = f"tenant-{n % 3}", f"session-{n % 11}"
         enforced = n % 5 != 0
-        began = now - timedelta(seconds=rng.randint(60, 3 * 86400))
+        began = now - timedelta(seconds=rng.randint(60, 3600 if n % 4 == 1 else 3 * 86400))  # some just now
         warnings = rng.randint(1, 3)
         for episode in range(1, warnings + 2):
             action = "warned" if episode <= warnings else rng.choice(["stopped", None])
@@ -148,13 +148,15 @@ async def test_stats_and_timeline_from_the_counts_are_what_the_rows_say(database
     # The timeline: each detection in its span or, when its five-minute bucket starts in the span before,
     # that one; so every running total is between the rows' own and the next span's.
     for since, filters in ((now - timedelta(days=2, seconds=7), {}), (None, {"type": "tool_cycle"}),
-                           (now - timedelta(hours=30), {"tenant": "tenant-2", "enforced": True})):
+                           (now - timedelta(hours=30), {"tenant": "tenant-2", "enforced": True}),
+                           (now - timedelta(hours=1), {"action": "warned"})):
         where = queries.DetectionFilter(since=since, **filters)
         result = await queries.timeline(engine, where, buckets=48, now=now)
-        assert result["bucket_seconds"] >= rollup.BUCKET_SECONDS
+        assert result["bucket_seconds"] >= rollup.MINUTE
         start = queries.parse_since(result["start"].replace("Z", "+00:00"))
         matching = [r for r in rows if (since is None or r.created_at >= since)
                     and all(getattr(r, name) == value for name, value in filters.items())]
+        assert len(matching) >= 3
         for kind in TYPES:
             exact = Counter(min(int((r.created_at - start).total_seconds()) // result["bucket_seconds"], 47)
                             for r in matching if r.type == kind)
@@ -162,10 +164,15 @@ async def test_stats_and_timeline_from_the_counts_are_what_the_rows_say(database
             running = list(accumulate(result["series"][kind]))
             assert running[-1] == exact_running[-1] == sum(r.type == kind for r in matching)
             assert all(exact_running[i] <= running[i] <= exact_running[min(i + 1, 47)] for i in range(48))
-    # A short span is read from the rows, exactly.
-    short = await queries.timeline(engine, queries.DetectionFilter(since=now - timedelta(hours=1)), now=now)
-    assert short["bucket_seconds"] == 76
-    assert sum(map(sum, short["series"].values())) == sum(r.created_at >= now - timedelta(hours=1) for r in rows)
+    # Spans under a minute are read from the rows, exactly.
+    since = now - timedelta(minutes=30)
+    short = await queries.timeline(engine, queries.DetectionFilter(since=since), now=now)
+    assert sum(r.created_at >= since for r in rows) >= 3
+    assert short["bucket_seconds"] == 38
+    for kind in TYPES:
+        exact = Counter(int((r.created_at - since).total_seconds()) // 38
+                        for r in rows if r.created_at >= since and r.type == kind)
+        assert short["series"][kind] == [exact.get(i, 0) for i in range(48)]
 
     await assert_counts_equal_a_rebuild(engine)
     await engine.dispose()

@@ -28,19 +28,24 @@ def safe_url(database_url: str) -> str:
         return "<invalid database URL>"
 
 
+def sqlite_pragmas(engine: AsyncEngine) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection, _record) -> None:
+        # WAL lets the CLI read while the proxy writes. It persists in the file: set only when missing,
+        # as setting it again can fail at once (no busy wait) while another connection writes.
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode")
+        if cursor.fetchone()[0].lower() != "wal":
+            cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+
 def create_engine(database_url: str) -> AsyncEngine:
     url = make_url(database_url)
     if url.get_backend_name() == "sqlite":
         engine = create_async_engine(url, connect_args={"timeout": 30})
-
-        @event.listens_for(engine.sync_engine, "connect")
-        def _sqlite_pragmas(dbapi_connection, _record) -> None:
-            # WAL lets the CLI read while the proxy writes.
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.close()
-
+        sqlite_pragmas(engine)
         return engine
     return create_async_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5,
                                connect_args={"timeout": 10})

@@ -113,19 +113,20 @@ async def list_detections(engine: AsyncEngine, where: DetectionFilter, limit: in
     return items, next_cursor
 
 
-def _sources(since: datetime | None, span: int = rollup.HOUR) -> tuple[list[list], tuple | None]:
-    """Where a period's detections are counted: conditions on count_buckets (its hours, then the five-minute
-    buckets before its first hour; or five-minute buckets only) and the part before its first five-minute
-    bucket, [since, end), read as rows."""
+def _sources(since: datetime | None, coarsest: int = rollup.HOUR) -> tuple[list[list], tuple | None]:
+    """Where a period's detections are counted: conditions on count_buckets, from the coarsest span allowed
+    down (the period's whole hours, then the five-minute buckets before its first hour, then the minutes
+    before those), and the part of a minute it starts in, [since, end), read as rows."""
+    spans = [span for span in reversed(rollup.SPANS) if span <= coarsest]
     if since is None:
-        return [[CountBucket.span == span]], None
-    fine = rollup.first_bucket_from(since, rollup.BUCKET_SECONDS)
-    sources = [[CountBucket.span == rollup.BUCKET_SECONDS, CountBucket.bucket >= fine]]
-    if span == rollup.HOUR:
-        coarse = rollup.first_bucket_from(since, rollup.HOUR)
-        sources = [[CountBucket.span == rollup.HOUR, CountBucket.bucket >= coarse],
-                   [*sources[0], CountBucket.bucket < coarse]]
-    head_end = rollup.bucket_start(fine)
+        return [[CountBucket.span == spans[0]]], None
+    sources, end = [], None
+    for span in spans:
+        begin = rollup.first_bucket_from(since, span)
+        source = [CountBucket.span == span, CountBucket.bucket >= begin]
+        sources.append(source if end is None else [*source, CountBucket.bucket < end])
+        end = begin
+    head_end = rollup.bucket_start(end)
     return sources, ((since, head_end) if since < head_end else None)
 
 
@@ -138,8 +139,12 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
 
     sources, head = _sources(since)
     outcome_buckets = by_tenant(OutcomeBucket.tenant)
+    outcome_head = None  # tasks and sessions whose last detection is before the first whole outcome bucket
     if since is not None:
-        outcome_buckets.append(OutcomeBucket.bucket >= rollup.first_bucket_from(since, rollup.BUCKET_SECONDS))
+        begin = rollup.first_bucket_from(since, rollup.BUCKET_SECONDS)
+        outcome_buckets.append(OutcomeBucket.bucket >= begin)
+        if since < rollup.bucket_start(begin):
+            outcome_head = (since, rollup.bucket_start(begin))
     first = Detection.episode == 1
     model = func.coalesce(Detection.model, literal_column("''"))
     async with engine.connect() as connection:
@@ -151,11 +156,6 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
                        func.sum(CountBucket.first_turns), func.sum(CountBucket.first_episodes))
                 .where(*conditions, *by_tenant(CountBucket.tenant))
                 .group_by(CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model))).all()
-        outcomes = (await connection.execute(
-            select(OutcomeBucket.enforced, func.sum(OutcomeBucket.warned_tasks),
-                   func.sum(OutcomeBucket.recovered_tasks), func.sum(OutcomeBucket.stopped_tasks),
-                   func.sum(OutcomeBucket.sessions))
-            .where(and_(True, *outcome_buckets)).group_by(OutcomeBucket.enforced))).all()
         if head is not None:
             counts += (await connection.execute(
                 select(Detection.enforced, Detection.type, Detection.action, model, func.count(),
@@ -163,13 +163,20 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
                        func.sum(case((first, 1), else_=0)))
                 .where(Detection.created_at >= head[0], Detection.created_at < head[1], *by_tenant(Detection.tenant))
                 .group_by(Detection.enforced, Detection.type, Detection.action, model))).all()
+        outcomes = (await connection.execute(
+            select(OutcomeBucket.enforced, func.sum(OutcomeBucket.warned_tasks),
+                   func.sum(OutcomeBucket.recovered_tasks), func.sum(OutcomeBucket.stopped_tasks),
+                   func.sum(OutcomeBucket.sessions))
+            .where(and_(True, *outcome_buckets)).group_by(OutcomeBucket.enforced))).all()
+        if outcome_head is not None:
+            start, end = outcome_head
             outcomes += (await connection.execute(
                 select(TaskOutcome.enforced, *rollup.task_outcomes(), literal_column("0"))
-                .where(TaskOutcome.last_at >= head[0], TaskOutcome.last_at < head[1], *by_tenant(TaskOutcome.tenant))
+                .where(TaskOutcome.last_at >= start, TaskOutcome.last_at < end, *by_tenant(TaskOutcome.tenant))
                 .group_by(TaskOutcome.enforced))).all()
             outcomes.append((True, 0, 0, 0, (await connection.execute(
                 select(func.count()).select_from(SessionCount).where(
-                    SessionCount.last_enforced_at >= head[0], SessionCount.last_enforced_at < head[1],
+                    SessionCount.last_enforced_at >= start, SessionCount.last_enforced_at < end,
                     *by_tenant(SessionCount.tenant)))).scalar()))
         judge_condition = [JudgeCheckRow.created_at >= since] if since else []
         if tenant is not None:
@@ -221,9 +228,9 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
 async def timeline(engine: AsyncEngine, where: DetectionFilter, buckets: int = 48,
                    now: datetime | None = None) -> dict[str, Any]:
     """Detections over time, by type: `buckets` equal spans from the filter's `since` (or the first match).
-    Spans of five minutes or more are read from the counts kept per bucket, hours for spans of an hour or
-    more (each bucket counted in the span it starts in; the part of five minutes a period starts in, from its
-    rows); shorter spans, and one session's, from the rows."""
+    Spans of a minute or more are read from the counts kept per bucket, of the widest span that fits (each
+    bucket counted in the span it starts in; the part of a minute a period starts in, from its rows);
+    shorter spans, and one session's, from the rows."""
     if buckets < 1 or buckets > 500:
         raise QueryError(f"buckets must be between 1 and 500, got {buckets}")
     conditions = where.conditions()
@@ -237,23 +244,23 @@ async def timeline(engine: AsyncEngine, where: DetectionFilter, buckets: int = 4
         start = where.since
         if start is None and counted:
             first = (await connection.execute(select(func.min(CountBucket.bucket)).where(
-                CountBucket.span == rollup.BUCKET_SECONDS, *kept))).scalar()
+                CountBucket.span == rollup.MINUTE, *kept))).scalar()
             start = rollup.bucket_start(first) if first is not None else None
         elif start is None:
             start = (await connection.execute(select(func.min(Detection.created_at)).where(*conditions))).scalar()
         start = start or now - timedelta(hours=1)
         width = max(1, -(-int((now - start).total_seconds() + 1) // buckets))  # seconds per bucket, rounded up
         offset = int((start - rollup.EPOCH).total_seconds())
-        counted = counted and width >= rollup.BUCKET_SECONDS
+        counted = counted and width >= rollup.MINUTE
         if counted:
-            sources, head = _sources(start, rollup.HOUR if width >= rollup.HOUR else rollup.BUCKET_SECONDS)
+            sources, head = _sources(start, max(span for span in rollup.SPANS if span <= width))
             rows = []
             for source in sources:
                 rows += [((bucket - offset) // width, kind, count) for bucket, kind, count in (
                     await connection.execute(
                         select(CountBucket.bucket, CountBucket.type, func.sum(CountBucket.detections))
                         .where(*source, *kept).group_by(CountBucket.bucket, CountBucket.type))).all()]
-            if head is not None:  # the part of five minutes the period starts in: the first span
+            if head is not None:  # the part of a minute the period starts in: the first span
                 rows += [(0, kind, count) for kind, count in (await connection.execute(
                     select(Detection.type, func.count()).where(*conditions, Detection.created_at < head[1])
                     .group_by(Detection.type))).all()]

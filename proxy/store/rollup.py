@@ -3,10 +3,11 @@ their period has buckets, not what it has rows.
 
 Four tables (proxy/store/models.py), each changed in the same transaction as the rows it counts:
 
-- count_buckets: detections per five-minute bucket and, apart, per hour, by tenant, mode, type, action and
-  model, with tokens saved and the turns of first episodes. Additive: a new row adds one to its five
-  minutes and one to its hour, a pruned row takes them away. A month is read from its hours, the parts of
-  an hour at its ends from five-minute buckets, and the part of five minutes at its start from the rows.
+- count_buckets: detections per minute, per five minutes and per hour (three sets of buckets), by tenant,
+  mode, type, action and model, with tokens saved and the turns of first episodes. Additive: a new row
+  adds one to its minute, its five minutes and its hour; a pruned row takes them away. A month is read
+  from its hours; the part before its first hour from five-minute buckets, the part before those from
+  minutes, and the part of a minute it starts in from the rows.
 - task_outcomes: each task's story (its last detection, its last warning, the last warning the model moved
   on from, whether it reached the stop). A task counts in the bucket of its last detection: when it gets
   another, its outcome leaves the old bucket of outcome_buckets and joins the new one.
@@ -36,9 +37,10 @@ from proxy.store.models import CountBucket, Detection, OutcomeBucket, SessionCou
 
 log = logging.getLogger("loopwarden.store")
 
-BUCKET_SECONDS = 300
+MINUTE = 60
+BUCKET_SECONDS = 300  # outcome_buckets' span, and the one whose sum is checked against the rows
 HOUR = 3600
-SPANS = (BUCKET_SECONDS, HOUR)
+SPANS = (MINUTE, BUCKET_SECONDS, HOUR)
 EPOCH = datetime(1970, 1, 1)
 WARNED = ("warned", "cut")  # what a task's warnings are, for its outcome
 
@@ -64,9 +66,9 @@ def bucket_start(bucket: int) -> datetime:
     return EPOCH + timedelta(seconds=bucket)
 
 
-def bucket_sql(dialect: str, column) -> Any:
+def bucket_sql(dialect: str, column, span: int = BUCKET_SECONDS) -> Any:
     """bucket_of() in SQL."""
-    width = literal_column(str(BUCKET_SECONDS))
+    width = literal_column(str(span))
     if dialect == "postgresql":
         return cast(func.floor(func.extract("epoch", column) / width) * width, BigInteger)
     seconds = cast(func.strftime(literal_column("'%s'"), column), Integer)
@@ -338,23 +340,25 @@ async def rebuild(connection, dialect: str) -> bool:
         return False
     for table in (CountBucket, TaskOutcome, SessionCount, OutcomeBucket):
         await connection.execute(delete(table))
-    bucket = bucket_sql(dialect, Detection.created_at)
+    minute = bucket_sql(dialect, Detection.created_at, MINUTE)
     model = func.coalesce(Detection.model, literal_column("''"))
     first = Detection.episode == 1
     warned = Detection.action.in_(WARNED)
     sums = ["detections", "tokens_saved_estimate", "first_turns", "first_episodes"]
     await connection.execute(_insert(dialect, CountBucket).from_select(
         list(COUNT_KEY) + sums,
-        select(literal_column(str(BUCKET_SECONDS)), bucket, Detection.tenant, Detection.enforced, Detection.type,
+        select(literal_column(str(MINUTE)), minute, Detection.tenant, Detection.enforced, Detection.type,
                Detection.action, model, func.count(), func.coalesce(func.sum(Detection.tokens_saved_estimate), 0),
                func.sum(case((first, Detection.turn), else_=0)), func.sum(case((first, 1), else_=0)))
-        .group_by(bucket, Detection.tenant, Detection.enforced, Detection.type, Detection.action, model)))
-    hour = CountBucket.bucket - CountBucket.bucket % literal_column(str(HOUR))
+        .group_by(minute, Detection.tenant, Detection.enforced, Detection.type, Detection.action, model)))
     dimensions = [CountBucket.tenant, CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model]
-    await connection.execute(_insert(dialect, CountBucket).from_select(
-        list(COUNT_KEY) + sums,
-        select(literal_column(str(HOUR)), hour, *dimensions, *(func.sum(getattr(CountBucket, name)) for name in sums))
-        .where(CountBucket.span == BUCKET_SECONDS).group_by(hour, *dimensions)))
+    for finer, span in zip(SPANS, SPANS[1:]):  # five minutes from minutes, hours from five minutes
+        wider = CountBucket.bucket - CountBucket.bucket % literal_column(str(span))
+        await connection.execute(_insert(dialect, CountBucket).from_select(
+            list(COUNT_KEY) + sums,
+            select(literal_column(str(span)), wider, *dimensions,
+                   *(func.sum(getattr(CountBucket, name)) for name in sums))
+            .where(CountBucket.span == finer).group_by(wider, *dimensions)))
     await connection.execute(_insert(dialect, TaskOutcome).from_select(
         ["tenant", "session_id", "task", "enforced", "last_at", "last_warned", "last_moved_on", "stopped"],
         select(Detection.tenant, Detection.session_id, Detection.task, Detection.enforced,
