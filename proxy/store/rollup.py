@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import (BigInteger, Integer, and_, bindparam, case, cast, delete, false, func, literal_column, select,
-                        text, true, tuple_, union_all, update)
+from sqlalchemy import (BigInteger, Integer, and_, bindparam, case, cast, delete, false, func, literal_column, or_,
+                        select, text, true, union_all, update)
 from sqlalchemy.dialects import postgresql, sqlite
 
 from proxy.store.models import CountBucket, Detection, OutcomeBucket, SessionCount, TaskOutcome
@@ -179,6 +179,15 @@ class Changes:
                 outcomes)
 
 
+KEYS_PER_QUERY = 200  # an OR of 200 keys stays well inside SQLite's expression depth (1,000)
+
+
+def any_key(columns: list, keys: list[tuple]) -> Any:
+    """Rows whose columns equal one of the keys: an OR of ANDs, which SQLite and PostgreSQL both answer
+    with one index lookup per key (SQLite scans the table for a row-value IN list)."""
+    return or_(*(and_(*(column == value for column, value in zip(columns, key))) for key in keys))
+
+
 async def _locked(connection, dialect: str, table, keys: list[tuple], key_columns: tuple[str, ...],
                   blank: dict, create: bool) -> dict[tuple, Any]:
     """The rows of `table` with these keys, locked for this transaction; with `create`, missing ones are
@@ -190,9 +199,9 @@ async def _locked(connection, dialect: str, table, keys: list[tuple], key_column
                                  [dict(zip(key_columns, key), **blank) for key in keys])
     columns = [getattr(table, name) for name in key_columns]
     found = {}
-    for start in range(0, len(keys), 500):
+    for start in range(0, len(keys), KEYS_PER_QUERY):
         rows = (await connection.execute(
-            select(table).where(tuple_(*columns).in_(keys[start:start + 500])).order_by(*columns)
+            select(table).where(any_key(columns, keys[start:start + KEYS_PER_QUERY])).order_by(*columns)
             .with_for_update())).all()
         found.update({tuple(getattr(row, name) for name in key_columns): row for row in rows})
     return found
@@ -289,9 +298,9 @@ async def forget(connection, dialect: str, rows: list) -> None:
     before = {key: _state(row) for key, row in found.items()}
     after = {key: TaskState() for key in before}
     columns = [getattr(Detection, name) for name in TASK_KEY]
-    for start in range(0, len(keys), 500):
+    for start in range(0, len(keys), KEYS_PER_QUERY):
         for row in (await connection.execute(select(*COUNTED).where(
-                tuple_(*columns).in_(keys[start:start + 500])))).all():
+                any_key(columns, keys[start:start + KEYS_PER_QUERY])))).all():
             state = after.get((row.tenant, row.session_id, row.task, bool(row.enforced)))
             if state is not None:
                 state.add(row)
