@@ -23,6 +23,7 @@ another tool) `rebuild` recomputes them from the log in one transaction.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
@@ -124,6 +125,7 @@ def _higher(a: int | None, b: int) -> int:
     return b if a is None else max(a, b)
 
 
+TASK_KEY = ("tenant", "session_id", "task", "enforced")
 COUNT_KEY = ("span", "bucket", "tenant", "enforced", "type", "action", "model")
 
 
@@ -180,12 +182,34 @@ class Changes:
 
 
 KEYS_PER_QUERY = 200  # an OR of 200 keys stays well inside SQLite's expression depth (1,000)
+SLOTS = (1, 4, 16, 64, KEYS_PER_QUERY)  # a statement per size, built once, its SQL compiled once
 
 
-def any_key(columns: list, keys: list[tuple]) -> Any:
-    """Rows whose columns equal one of the keys: an OR of ANDs, which SQLite and PostgreSQL both answer
+def _slots(keys: list[tuple]) -> int:
+    return next(size for size in SLOTS if size >= len(keys))
+
+
+def _any_key(columns: list, slots: int) -> Any:
+    """Rows whose columns equal one of `slots` keys: an OR of ANDs, which SQLite and PostgreSQL both answer
     with one index lookup per key (SQLite scans the table for a row-value IN list)."""
-    return or_(*(and_(*(column == value for column, value in zip(columns, key))) for key in keys))
+    return or_(*(and_(*(column == bindparam(f"k{i}_{j}") for j, column in enumerate(columns)))
+                 for i in range(slots)))
+
+
+def _key_params(keys: list[tuple]) -> dict:
+    padded = keys + [keys[-1]] * (_slots(keys) - len(keys))  # a repeated key finds the same row
+    return {f"k{i}_{j}": value for i, key in enumerate(padded) for j, value in enumerate(key)}
+
+
+@functools.cache
+def _select_locked(table, key_columns: tuple[str, ...], slots: int) -> Any:
+    columns = [getattr(table, name) for name in key_columns]
+    return select(table).where(_any_key(columns, slots)).order_by(*columns).with_for_update()
+
+
+@functools.cache
+def _select_task_rows(slots: int) -> Any:
+    return select(*COUNTED).where(_any_key([getattr(Detection, name) for name in TASK_KEY], slots))
 
 
 async def _locked(connection, dialect: str, table, keys: list[tuple], key_columns: tuple[str, ...],
@@ -197,17 +221,13 @@ async def _locked(connection, dialect: str, table, keys: list[tuple], key_column
     if create:
         await connection.execute(_insert(dialect, table).on_conflict_do_nothing(index_elements=list(key_columns)),
                                  [dict(zip(key_columns, key), **blank) for key in keys])
-    columns = [getattr(table, name) for name in key_columns]
     found = {}
     for start in range(0, len(keys), KEYS_PER_QUERY):
-        rows = (await connection.execute(
-            select(table).where(any_key(columns, keys[start:start + KEYS_PER_QUERY])).order_by(*columns)
-            .with_for_update())).all()
+        chunk = keys[start:start + KEYS_PER_QUERY]
+        rows = (await connection.execute(_select_locked(table, key_columns, _slots(chunk)),
+                                         _key_params(chunk))).all()
         found.update({tuple(getattr(row, name) for name in key_columns): row for row in rows})
     return found
-
-
-TASK_KEY = ("tenant", "session_id", "task", "enforced")
 
 
 async def _save_tasks(connection, changes: Changes, before: dict[tuple, TaskState],
@@ -297,10 +317,9 @@ async def forget(connection, dialect: str, rows: list) -> None:
     found = await _locked(connection, dialect, TaskOutcome, keys, TASK_KEY, {}, create=False)
     before = {key: _state(row) for key, row in found.items()}
     after = {key: TaskState() for key in before}
-    columns = [getattr(Detection, name) for name in TASK_KEY]
     for start in range(0, len(keys), KEYS_PER_QUERY):
-        for row in (await connection.execute(select(*COUNTED).where(
-                any_key(columns, keys[start:start + KEYS_PER_QUERY])))).all():
+        chunk = keys[start:start + KEYS_PER_QUERY]
+        for row in (await connection.execute(_select_task_rows(_slots(chunk)), _key_params(chunk))).all():
             state = after.get((row.tenant, row.session_id, row.task, bool(row.enforced)))
             if state is not None:
                 state.add(row)
