@@ -33,6 +33,7 @@ from typing import Any
 from sqlalchemy import (BigInteger, Integer, and_, bindparam, case, cast, delete, false, func, literal_column, or_,
                         select, text, true, union_all, update)
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from proxy.store.models import CountBucket, Detection, OutcomeBucket, SessionCount, TaskOutcome
 
@@ -181,35 +182,48 @@ class Changes:
                 outcomes)
 
 
-KEYS_PER_QUERY = 200  # an OR of 200 keys stays well inside SQLite's expression depth (1,000)
-SLOTS = (1, 4, 16, 64, KEYS_PER_QUERY)  # a statement per size, built once, its SQL compiled once
+KEYS_PER_QUERY = 200  # SQLite: an OR of 200 keys stays well inside its expression depth (1,000)
+SLOTS = (1, 4, 16, 64, KEYS_PER_QUERY)  # SQLite: a statement per size, built once, its SQL compiled once
 
 
 def _slots(keys: list[tuple]) -> int:
     return next(size for size in SLOTS if size >= len(keys))
 
 
-def _any_key(columns: list, slots: int) -> Any:
-    """Rows whose columns equal one of `slots` keys: an OR of ANDs, which SQLite and PostgreSQL both answer
-    with one index lookup per key (SQLite scans the table for a row-value IN list)."""
-    return or_(*(and_(*(column == bindparam(f"k{i}_{j}") for j, column in enumerate(columns)))
-                 for i in range(slots)))
-
-
-def _key_params(keys: list[tuple]) -> dict:
-    padded = keys + [keys[-1]] * (_slots(keys) - len(keys))  # a repeated key finds the same row
-    return {f"k{i}_{j}": value for i, key in enumerate(padded) for j, value in enumerate(key)}
-
-
 @functools.cache
-def _select_locked(table, key_columns: tuple[str, ...], slots: int) -> Any:
-    columns = [getattr(table, name) for name in key_columns]
-    return select(table).where(_any_key(columns, slots)).order_by(*columns).with_for_update()
+def _keyed(dialect: str, table, key_names: tuple[str, ...], slots: int, lock: bool) -> Any:
+    """The rows of `table` (with `lock`, whole and locked; else a detection's COUNTED columns) whose key is
+    one of a list: on PostgreSQL a join with the keys unnested from arrays, on SQLite an OR of `slots` ANDs.
+    Each finds a row by one index lookup per key (SQLite scans the table for a row-value IN list; PostgreSQL
+    factors an OR's common terms out and scans all of a tenant's rows)."""
+    columns = [getattr(table, name) for name in key_names]
+    statement = select(table) if lock else select(*COUNTED).select_from(table)
+    if dialect == "postgresql":
+        wanted = func.unnest(*(bindparam(f"keys_{name}", type_=ARRAY(column.type))
+                               for name, column in zip(key_names, columns))
+                             ).table_valued(*key_names).render_derived(name="wanted")
+        statement = statement.join(wanted, and_(*(column == wanted.c[name]
+                                                  for name, column in zip(key_names, columns))))
+    else:
+        statement = statement.where(or_(*(and_(*(column == bindparam(f"k{i}_{j}")
+                                                 for j, column in enumerate(columns))) for i in range(slots))))
+    return statement.order_by(*columns).with_for_update(of=table) if lock else statement
 
 
-@functools.cache
-def _select_task_rows(slots: int) -> Any:
-    return select(*COUNTED).where(_any_key([getattr(Detection, name) for name in TASK_KEY], slots))
+async def _rows_by_key(connection, dialect: str, table, key_names: tuple[str, ...], keys: list[tuple],
+                       lock: bool) -> list:
+    rows = []
+    for start in range(0, len(keys), KEYS_PER_QUERY):
+        chunk = keys[start:start + KEYS_PER_QUERY]
+        if dialect == "postgresql":
+            statement = _keyed(dialect, table, key_names, 0, lock)
+            params = {f"keys_{name}": [key[j] for key in chunk] for j, name in enumerate(key_names)}
+        else:
+            statement = _keyed(dialect, table, key_names, _slots(chunk), lock)
+            padded = chunk + [chunk[-1]] * (_slots(chunk) - len(chunk))  # a repeated key finds the same row
+            params = {f"k{i}_{j}": value for i, key in enumerate(padded) for j, value in enumerate(key)}
+        rows += (await connection.execute(statement, params)).all()
+    return rows
 
 
 async def _locked(connection, dialect: str, table, keys: list[tuple], key_columns: tuple[str, ...],
@@ -221,13 +235,8 @@ async def _locked(connection, dialect: str, table, keys: list[tuple], key_column
     if create:
         await connection.execute(_insert(dialect, table).on_conflict_do_nothing(index_elements=list(key_columns)),
                                  [dict(zip(key_columns, key), **blank) for key in keys])
-    found = {}
-    for start in range(0, len(keys), KEYS_PER_QUERY):
-        chunk = keys[start:start + KEYS_PER_QUERY]
-        rows = (await connection.execute(_select_locked(table, key_columns, _slots(chunk)),
-                                         _key_params(chunk))).all()
-        found.update({tuple(getattr(row, name) for name in key_columns): row for row in rows})
-    return found
+    rows = await _rows_by_key(connection, dialect, table, key_columns, keys, lock=True)
+    return {tuple(getattr(row, name) for name in key_columns): row for row in rows}
 
 
 async def _save_tasks(connection, changes: Changes, before: dict[tuple, TaskState],
@@ -317,12 +326,10 @@ async def forget(connection, dialect: str, rows: list) -> None:
     found = await _locked(connection, dialect, TaskOutcome, keys, TASK_KEY, {}, create=False)
     before = {key: _state(row) for key, row in found.items()}
     after = {key: TaskState() for key in before}
-    for start in range(0, len(keys), KEYS_PER_QUERY):
-        chunk = keys[start:start + KEYS_PER_QUERY]
-        for row in (await connection.execute(_select_task_rows(_slots(chunk)), _key_params(chunk))).all():
-            state = after.get((row.tenant, row.session_id, row.task, bool(row.enforced)))
-            if state is not None:
-                state.add(row)
+    for row in await _rows_by_key(connection, dialect, Detection, TASK_KEY, keys, lock=False):
+        state = after.get((row.tenant, row.session_id, row.task, bool(row.enforced)))
+        if state is not None:
+            state.add(row)
     await _save_tasks(connection, changes, before, after)
     if per_session:
         await connection.execute(
