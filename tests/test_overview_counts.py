@@ -90,8 +90,8 @@ async def assert_counts_equal_a_rebuild(engine) -> None:
 
 
 def story(rng: random.Random, now, tasks: int = 40) -> list[tuple[dict, bool]]:
-    """Tasks over three days (a quarter in the last hour), each warned one to three times, some stopped, some in observe mode; with
-    whether the model moved on from each warning."""
+    """Tasks over three days (a quarter in the last hour), each warned one to three times, some stopped,
+    some in observe mode; with whether the model moved on from each warning."""
     events = []
     for n in range(tasks):
         tenant, session = f"tenant-{n % 3}", f"session-{n % 11}"
