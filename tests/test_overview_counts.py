@@ -14,6 +14,7 @@ from itertools import accumulate
 from sqlalchemy import delete, insert, select
 
 from proxy.store import queries, rollup
+from proxy.store.database import create_engine, run_migrations
 from proxy.store.models import CountBucket, Detection, OutcomeBucket, SessionCount, TaskOutcome
 from proxy.store.store import Store
 from proxy.store.writer import LogWriter, utcnow
@@ -238,6 +239,24 @@ async def test_rows_written_by_another_tool_are_counted_after_a_rebuild(database
     assert reported(await queries.stats(engine)) == expected(await all_rows(engine))
     assert not await store.check_counts()  # whole now: nothing to do
     await store.close()
+    await engine.dispose()
+
+
+async def test_an_existing_log_is_counted_by_the_upgrade(database_url):
+    """A log written before the counts existed (migration 0005) is whole after `loopwarden migrate`."""
+    await asyncio.to_thread(run_migrations, database_url, "0005")
+    engine = create_engine(database_url)
+    now = utcnow()
+    async with engine.begin() as connection:
+        await connection.execute(insert(Detection), [
+            {**values, "recovered": moved_on, "enforced": values.get("enforced", True)}
+            for values, moved_on in story(random.Random(3), now)])
+    await asyncio.to_thread(run_migrations, database_url)
+    rows = await all_rows(engine)
+    for since in (None, now - timedelta(hours=20, seconds=13)):
+        assert reported(await queries.stats(engine, since)) == expected(rows, since)
+    async with engine.connect() as connection:
+        assert await rollup.consistent(connection) == (len(rows), len(rows))
     await engine.dispose()
 
 

@@ -2,8 +2,9 @@
 outcome, each session's count, and tasks and sessions per bucket of their last detection. Judge checks by
 time.
 
-The tables start empty; the first `serve` finds them short of the detections and fills them from the log
-(proxy/store/rollup.py), as it would after a restore.
+An existing log is counted here, by the same statements a replica runs when it finds the counts short of
+the detections (proxy/store/rollup.py), so `stats` is whole right after the upgrade (about 25 s for
+2,000,000 detections).
 
 Revision ID: 0006
 Revises: 0005
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+
+from proxy.store import rollup
 
 revision = "0006"
 down_revision = "0005"
@@ -65,6 +68,8 @@ def upgrade() -> None:
         _count("warned_tasks"), _count("recovered_tasks"), _count("stopped_tasks"), _count("sessions"),
     )
     op.create_index("ix_judge_checks_created_at", "judge_checks", ["created_at", "tenant", "tokens"])
+    for statement in rollup.recount(op.get_bind().dialect.name):
+        op.execute(statement)
 
 
 def downgrade() -> None:

@@ -363,24 +363,18 @@ async def consistent(connection) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-async def rebuild(connection, dialect: str) -> bool:
-    """Recompute every count from the detections, unless another writer has just done it. True when it did."""
-    # Writers wait (their batches stay buffered); a second rebuild waits, then finds the counts whole.
-    if dialect == "postgresql":
-        await connection.execute(text("LOCK TABLE detections IN SHARE ROW EXCLUSIVE MODE"))
-    else:  # a write first takes SQLite's one write lock, so what is read next is not stale
-        await connection.execute(delete(OutcomeBucket).where(false()))
-    rows, counted = await consistent(connection)
-    if rows == counted and (rows == 0 or await _has_tasks(connection)):
-        return False
+def recount(dialect: str) -> list:
+    """The statements that recompute every count from the detections, in order (also run by migration
+    0006 on an existing log)."""
+    statements: list = []
     for table in (CountBucket, TaskOutcome, SessionCount, OutcomeBucket):
-        await connection.execute(delete(table))
+        statements.append(delete(table))
     minute = bucket_sql(dialect, Detection.created_at, MINUTE)
     model = func.coalesce(Detection.model, literal_column("''"))
     first = Detection.episode == 1
     warned = Detection.action.in_(WARNED)
     sums = ["detections", "tokens_saved_estimate", "first_turns", "first_episodes"]
-    await connection.execute(_insert(dialect, CountBucket).from_select(
+    statements.append(_insert(dialect, CountBucket).from_select(
         list(COUNT_KEY) + sums,
         select(literal_column(str(MINUTE)), minute, Detection.tenant, Detection.enforced, Detection.type,
                Detection.action, model, func.count(), func.coalesce(func.sum(Detection.tokens_saved_estimate), 0),
@@ -389,19 +383,19 @@ async def rebuild(connection, dialect: str) -> bool:
     dimensions = [CountBucket.tenant, CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model]
     for finer, span in zip(SPANS, SPANS[1:]):  # five minutes from minutes, hours from five minutes
         wider = CountBucket.bucket - CountBucket.bucket % literal_column(str(span))
-        await connection.execute(_insert(dialect, CountBucket).from_select(
+        statements.append(_insert(dialect, CountBucket).from_select(
             list(COUNT_KEY) + sums,
             select(literal_column(str(span)), wider, *dimensions,
                    *(func.sum(getattr(CountBucket, name)) for name in sums))
             .where(CountBucket.span == finer).group_by(wider, *dimensions)))
-    await connection.execute(_insert(dialect, TaskOutcome).from_select(
+    statements.append(_insert(dialect, TaskOutcome).from_select(
         ["tenant", "session_id", "task", "enforced", "last_at", "last_warned", "last_moved_on", "stopped"],
         select(Detection.tenant, Detection.session_id, Detection.task, Detection.enforced,
                func.max(Detection.created_at), func.max(case((warned, Detection.episode))),
                func.max(case((and_(warned, Detection.recovered.is_(True)), Detection.episode))),
                func.max(case((Detection.action == "stopped", 1), else_=0)) == 1)
         .group_by(Detection.tenant, Detection.session_id, Detection.task, Detection.enforced)))
-    await connection.execute(_insert(dialect, SessionCount).from_select(
+    statements.append(_insert(dialect, SessionCount).from_select(
         ["tenant", "session_id", "detections", "last_enforced_at"],
         select(Detection.tenant, Detection.session_id, func.count(),
                func.max(case((Detection.enforced.is_(True), Detection.created_at))))
@@ -418,10 +412,25 @@ async def rebuild(connection, dialect: str) -> bool:
         select(session_bucket, SessionCount.tenant, true(), zero, zero, zero, one)
         .where(SessionCount.last_enforced_at.is_not(None)),
     ).subquery()
-    await connection.execute(_insert(dialect, OutcomeBucket).from_select(
+    statements.append(_insert(dialect, OutcomeBucket).from_select(
         ["bucket", "tenant", "enforced", "warned_tasks", "recovered_tasks", "stopped_tasks", "sessions"],
         select(parts.c.bucket, parts.c.tenant, parts.c.enforced, func.sum(parts.c.w), func.sum(parts.c.r),
                func.sum(parts.c.s), func.sum(parts.c.n)).group_by(parts.c.bucket, parts.c.tenant, parts.c.enforced)))
+    return statements
+
+
+async def rebuild(connection, dialect: str) -> bool:
+    """Recompute every count from the detections, unless another writer has just done it. True when it did."""
+    # Writers wait (their batches stay buffered); a second rebuild waits, then finds the counts whole.
+    if dialect == "postgresql":
+        await connection.execute(text("LOCK TABLE detections IN SHARE ROW EXCLUSIVE MODE"))
+    else:  # a write first takes SQLite's one write lock, so what is read next is not stale
+        await connection.execute(delete(OutcomeBucket).where(false()))
+    rows, counted = await consistent(connection)
+    if rows == counted and (rows == 0 or await _has_tasks(connection)):
+        return False
+    for statement in recount(dialect):
+        await connection.execute(statement)
     log.warning("overview counts rebuilt from %d detections", rows)
     return True
 
