@@ -8,6 +8,7 @@ import asyncio
 import os
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from tests.agents.scripted_upstream import responder
@@ -30,6 +31,19 @@ async def run_claude(root: str, prompt: str, workdir: Path) -> tuple[int, str]:
     return process.returncode, output.decode()
 
 
+async def overview(root: str, until_detections: int) -> tuple[dict, dict]:
+    """The page's stats and timeline for the last hour, once the log holds that many detections."""
+    async with aiohttp.ClientSession() as http:
+        for _ in range(100):
+            async with http.get(f"{root}/loopwarden/api/stats", params={"since": "1h"}) as response:
+                stats = await response.json()
+            if stats["detections"] >= until_detections:
+                break
+            await asyncio.sleep(0.05)
+        async with http.get(f"{root}/loopwarden/api/timeline", params={"since": "1h"}) as response:
+            return stats, await response.json()
+
+
 def turns(upstream) -> list[dict]:
     """The agent's own turns (Claude Code's side requests carry no tools)."""
     return [body for body in upstream.messages_requests if body.get("tools")]
@@ -50,6 +64,12 @@ async def test_claude_code_is_warned_twice_then_stopped(upstream, proxy_factory,
     seen = turns(upstream)
     assert len(seen) == 7  # nothing after the stop reached the upstream
     assert [len(warnings(body)) for body in seen] == [0, 0, 0, 0, 0, 1, 2]
+    # What the operator's overview says of it, from the counts kept as the log was written.
+    stats, timeline = await overview(running.root, until_detections=3)
+    assert (stats["by_action"], stats["by_type"]["tool_call"]) == ({"warned": 2, "stopped": 1, "cut": 0}, 3)
+    assert (stats["sessions_affected"], stats["warned_tasks"], stats["recovered_tasks"]) == (1, 1, 0)
+    assert sum(stats["by_model"].values()) == 3
+    assert sum(timeline["series"]["tool_call"]) == 3
 
 
 async def test_claude_code_chanting_ends_with_the_notice_and_is_not_resumed(upstream, proxy_factory, tmp_path):
