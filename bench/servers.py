@@ -75,9 +75,9 @@ def _response(output_text: str) -> dict:
             "usage": {"input_tokens": 10, "output_tokens": 8, "total_tokens": 18}}
 
 
-def _event(kind: str, sequence: int, **data) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data,
-                                                                     "sequence_number": sequence}) + b"\n\n"
+def _event(kind: str, **data) -> bytes:
+    """One SSE event whose data names its own type, as both the Responses and the Messages APIs send."""
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
 
 
 async def upstream_responses(request: web.Request) -> web.StreamResponse:
@@ -89,15 +89,15 @@ async def upstream_responses(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     started = {**_response(""), "status": "in_progress", "output": []}
-    await response.write(_event("response.created", 0, response=started))
-    await response.write(_event("response.output_item.added", 1, output_index=0,
+    await response.write(_event("response.created", response=started, sequence_number=0))
+    await response.write(_event("response.output_item.added", sequence_number=1, output_index=0,
                                 item={"id": "msg_bench", "type": "message", "status": "in_progress",
                                       "role": "assistant", "content": []}))
     for i in range(STREAM_CHUNKS):
-        await response.write(_event("response.output_text.delta", i + 2, item_id="msg_bench", output_index=0,
-                                    content_index=0, delta=f"token{i} "))
+        await response.write(_event("response.output_text.delta", sequence_number=i + 2, item_id="msg_bench",
+                                    output_index=0, content_index=0, delta=f"token{i} "))
     text = "".join(f"token{i} " for i in range(STREAM_CHUNKS))
-    await response.write(_event("response.completed", STREAM_CHUNKS + 2, response=_response(text)))
+    await response.write(_event("response.completed", sequence_number=STREAM_CHUNKS + 2, response=_response(text)))
     await response.write_eof()
     return response
 
@@ -108,10 +108,6 @@ def _message(text: str) -> dict:
             "usage": {"input_tokens": 10, "output_tokens": 8}}
 
 
-def _anthropic_event(kind: str, **data) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
-
-
 async def upstream_messages(request: web.Request) -> web.StreamResponse:
     """The Messages API: a JSON message, or 200 `text_delta` events between the others."""
     body = await request.read()
@@ -120,15 +116,15 @@ async def upstream_messages(request: web.Request) -> web.StreamResponse:
                             content_type="application/json")
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
-    await response.write(_anthropic_event("message_start", message={**_message(""), "content": []}))
-    await response.write(_anthropic_event("content_block_start", index=0, content_block={"type": "text", "text": ""}))
+    await response.write(_event("message_start", message={**_message(""), "content": []}))
+    await response.write(_event("content_block_start", index=0, content_block={"type": "text", "text": ""}))
     for i in range(STREAM_CHUNKS):
-        await response.write(_anthropic_event("content_block_delta", index=0,
+        await response.write(_event("content_block_delta", index=0,
                                               delta={"type": "text_delta", "text": f"token{i} "}))
-    await response.write(_anthropic_event("content_block_stop", index=0))
-    await response.write(_anthropic_event("message_delta", delta={"stop_reason": "end_turn", "stop_sequence": None},
+    await response.write(_event("content_block_stop", index=0))
+    await response.write(_event("message_delta", delta={"stop_reason": "end_turn", "stop_sequence": None},
                                           usage={"output_tokens": STREAM_CHUNKS}))
-    await response.write(_anthropic_event("message_stop"))
+    await response.write(_event("message_stop"))
     await response.write_eof()
     return response
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import event, text
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -19,6 +20,11 @@ log = logging.getLogger("loopwarden.store")
 
 class DatabaseUnavailable(RuntimeError):
     """The database cannot be reached; the message says which one and why."""
+
+
+def dialect_insert(dialect: str, table):
+    """An INSERT that can take ON CONFLICT clauses, for the dialect in use."""
+    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
 
 
 def safe_url(database_url: str) -> str:

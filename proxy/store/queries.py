@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import Integer, and_, case, cast, func, literal_column, select
+from sqlalchemy import and_, func, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.detect.engine import Episode
@@ -145,29 +145,24 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
         outcome_buckets.append(OutcomeBucket.bucket >= begin)
         if since < rollup.bucket_start(begin):
             outcome_head = (since, rollup.bucket_start(begin))
-    first = Detection.episode == 1
-    model = func.coalesce(Detection.model, literal_column("''"))
     async with engine.connect() as connection:
         counts = []
         for conditions in sources:
             counts += (await connection.execute(
                 select(CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model,
-                       func.sum(CountBucket.detections), func.sum(CountBucket.tokens_saved_estimate),
-                       func.sum(CountBucket.first_turns), func.sum(CountBucket.first_episodes))
+                       *rollup.bucket_sums())
                 .where(*conditions, *by_tenant(CountBucket.tenant))
                 .group_by(CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model))).all()
         if head is not None:
             counts += (await connection.execute(
-                select(Detection.enforced, Detection.type, Detection.action, model, func.count(),
-                       func.sum(Detection.tokens_saved_estimate), func.sum(case((first, Detection.turn), else_=0)),
-                       func.sum(case((first, 1), else_=0)))
+                select(Detection.enforced, Detection.type, Detection.action, rollup.MODEL, *rollup.detection_sums())
                 .where(Detection.created_at >= head[0], Detection.created_at < head[1], *by_tenant(Detection.tenant))
-                .group_by(Detection.enforced, Detection.type, Detection.action, model))).all()
+                .group_by(Detection.enforced, Detection.type, Detection.action, rollup.MODEL))).all()
         outcomes = (await connection.execute(
             select(OutcomeBucket.enforced, func.sum(OutcomeBucket.warned_tasks),
                    func.sum(OutcomeBucket.recovered_tasks), func.sum(OutcomeBucket.stopped_tasks),
                    func.sum(OutcomeBucket.sessions))
-            .where(and_(True, *outcome_buckets)).group_by(OutcomeBucket.enforced))).all()
+            .where(*outcome_buckets).group_by(OutcomeBucket.enforced))).all()
         if outcome_head is not None:
             start, end = outcome_head
             outcomes += (await connection.execute(
@@ -234,7 +229,7 @@ async def timeline(engine: AsyncEngine, where: DetectionFilter, buckets: int = 4
     if buckets < 1 or buckets > 500:
         raise QueryError(f"buckets must be between 1 and 500, got {buckets}")
     conditions = where.conditions()
-    counted = where.session is None
+    from_counts = where.session is None  # the counts have no session
     kept = [getattr(CountBucket, name) == value for name, value in (
         ("tenant", where.tenant), ("type", where.type), ("action", where.action), ("enforced", where.enforced))
         if value is not None]
@@ -242,7 +237,7 @@ async def timeline(engine: AsyncEngine, where: DetectionFilter, buckets: int = 4
     series = {kind: [0] * buckets for kind in TYPES}
     async with engine.connect() as connection:
         start = where.since
-        if start is None and counted:
+        if start is None and from_counts:
             first = (await connection.execute(select(func.min(CountBucket.bucket)).where(
                 CountBucket.span == rollup.MINUTE, *kept))).scalar()
             start = rollup.bucket_start(first) if first is not None else None
@@ -251,8 +246,7 @@ async def timeline(engine: AsyncEngine, where: DetectionFilter, buckets: int = 4
         start = start or now - timedelta(hours=1)
         width = max(1, -(-int((now - start).total_seconds() + 1) // buckets))  # seconds per bucket, rounded up
         offset = int((start - rollup.EPOCH).total_seconds())
-        counted = counted and width >= rollup.MINUTE
-        if counted:
+        if from_counts and width >= rollup.MINUTE:
             sources, head = _sources(start, max(span for span in rollup.SPANS if span <= width))
             rows = []
             for source in sources:
@@ -265,10 +259,7 @@ async def timeline(engine: AsyncEngine, where: DetectionFilter, buckets: int = 4
                     select(Detection.type, func.count()).where(*conditions, Detection.created_at < head[1])
                     .group_by(Detection.type))).all()]
         else:
-            if engine.dialect.name == "postgresql":
-                bucket = func.floor((func.extract("epoch", Detection.created_at) - offset) / width)
-            else:
-                bucket = cast((cast(func.strftime("%s", Detection.created_at), Integer) - offset) / width, Integer)
+            bucket = (rollup.epoch_sql(engine.dialect.name, Detection.created_at) - offset) // width
             rows = (await connection.execute(
                 select(bucket.label("bucket"), Detection.type, func.count()).where(*conditions)
                 .group_by(bucket, Detection.type))).all()

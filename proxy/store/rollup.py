@@ -32,9 +32,9 @@ from typing import Any
 
 from sqlalchemy import (BigInteger, Integer, and_, bindparam, case, cast, delete, false, func, literal_column, or_,
                         select, text, true, union_all, update)
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 
+from proxy.store.database import dialect_insert
 from proxy.store.models import CountBucket, Detection, OutcomeBucket, SessionCount, TaskOutcome
 
 log = logging.getLogger("loopwarden.store")
@@ -68,13 +68,17 @@ def bucket_start(bucket: int) -> datetime:
     return EPOCH + timedelta(seconds=bucket)
 
 
+def epoch_sql(dialect: str, column) -> Any:
+    """A naive-UTC time column as whole Unix seconds, in SQL."""
+    if dialect == "postgresql":
+        return cast(func.floor(func.extract("epoch", column)), BigInteger)
+    return cast(func.strftime(literal_column("'%s'"), column), Integer)
+
+
 def bucket_sql(dialect: str, column, span: int = BUCKET_SECONDS) -> Any:
     """bucket_of() in SQL."""
-    width = literal_column(str(span))
-    if dialect == "postgresql":
-        return cast(func.floor(func.extract("epoch", column) / width) * width, BigInteger)
-    seconds = cast(func.strftime(literal_column("'%s'"), column), Integer)
-    return seconds - seconds % width
+    seconds = epoch_sql(dialect, column)
+    return seconds - seconds % literal_column(str(span))
 
 
 # TaskState.outcome's rule in SQL, over task_outcomes rows.
@@ -86,10 +90,6 @@ def task_outcomes() -> tuple:
     """Warned, recovered and stopped tasks among the task_outcomes rows selected."""
     return (func.count(TaskOutcome.last_warned), func.sum(case((RECOVERED, 1), else_=0)),
             func.sum(case((TaskOutcome.stopped.is_(True), 1), else_=0)))
-
-
-def _insert(dialect: str, table):
-    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
 
 
 @dataclass
@@ -127,6 +127,22 @@ def _higher(a: int | None, b: int) -> int:
 
 
 TASK_KEY = ("tenant", "session_id", "task", "enforced")
+SUMS = ("detections", "tokens_saved_estimate", "first_turns", "first_episodes")  # count_buckets' figures
+MODEL = func.coalesce(Detection.model, literal_column("''"))  # count_buckets.model of a detection
+
+
+def detection_sums() -> list:
+    """SUMS over detections rows, in SQL (as Changes.count adds them up)."""
+    first = Detection.episode == 1
+    return [func.count(), func.coalesce(func.sum(Detection.tokens_saved_estimate), 0),
+            func.sum(case((first, Detection.turn), else_=0)), func.sum(case((first, 1), else_=0))]
+
+
+def bucket_sums() -> list:
+    """SUMS over count_buckets rows."""
+    return [func.sum(getattr(CountBucket, name)) for name in SUMS]
+
+
 COUNT_KEY = ("span", "bucket", "tenant", "enforced", "type", "action", "model")
 
 
@@ -161,20 +177,19 @@ class Changes:
 
     async def write(self, connection, dialect: str) -> None:
         """Add the deltas, in key order (two writers lock bucket rows in the same order)."""
-        counts = [{**dict(zip(COUNT_KEY, k)), "detections": d[0], "tokens_saved_estimate": d[1],
-                   "first_turns": d[2], "first_episodes": d[3]} for k, d in sorted(self.counts.items()) if any(d)]
+        counts = [{**dict(zip(COUNT_KEY, k)), **dict(zip(SUMS, d))}
+                  for k, d in sorted(self.counts.items()) if any(d)]
         if counts:
-            upsert = _insert(dialect, CountBucket)
+            upsert = dialect_insert(dialect, CountBucket)
             await connection.execute(upsert.on_conflict_do_update(
                 index_elements=list(COUNT_KEY),
-                set_={name: getattr(CountBucket, name) + getattr(upsert.excluded, name)
-                      for name in ("detections", "tokens_saved_estimate", "first_turns", "first_episodes")}),
+                set_={name: getattr(CountBucket, name) + getattr(upsert.excluded, name) for name in SUMS}),
                 counts)
         outcomes = [{"bucket": k[0], "tenant": k[1], "enforced": k[2], "warned_tasks": d[0],
                      "recovered_tasks": d[1], "stopped_tasks": d[2], "sessions": d[3]}
                     for k, d in sorted(self.outcomes.items()) if any(d)]
         if outcomes:
-            upsert = _insert(dialect, OutcomeBucket)
+            upsert = dialect_insert(dialect, OutcomeBucket)
             await connection.execute(upsert.on_conflict_do_update(
                 index_elements=["bucket", "tenant", "enforced"],
                 set_={name: getattr(OutcomeBucket, name) + getattr(upsert.excluded, name)
@@ -233,8 +248,8 @@ async def _locked(connection, dialect: str, table, keys: list[tuple], key_column
     if not keys:
         return {}
     if create:
-        await connection.execute(_insert(dialect, table).on_conflict_do_nothing(index_elements=list(key_columns)),
-                                 [dict(zip(key_columns, key), **blank) for key in keys])
+        blanks = dialect_insert(dialect, table).on_conflict_do_nothing(index_elements=list(key_columns))
+        await connection.execute(blanks, [dict(zip(key_columns, key), **blank) for key in keys])
     rows = await _rows_by_key(connection, dialect, table, key_columns, keys, lock=True)
     return {tuple(getattr(row, name) for name in key_columns): row for row in rows}
 
@@ -370,32 +385,27 @@ def recount(dialect: str) -> list:
     for table in (CountBucket, TaskOutcome, SessionCount, OutcomeBucket):
         statements.append(delete(table))
     minute = bucket_sql(dialect, Detection.created_at, MINUTE)
-    model = func.coalesce(Detection.model, literal_column("''"))
-    first = Detection.episode == 1
     warned = Detection.action.in_(WARNED)
-    sums = ["detections", "tokens_saved_estimate", "first_turns", "first_episodes"]
-    statements.append(_insert(dialect, CountBucket).from_select(
-        list(COUNT_KEY) + sums,
+    statements.append(dialect_insert(dialect, CountBucket).from_select(
+        list(COUNT_KEY) + list(SUMS),
         select(literal_column(str(MINUTE)), minute, Detection.tenant, Detection.enforced, Detection.type,
-               Detection.action, model, func.count(), func.coalesce(func.sum(Detection.tokens_saved_estimate), 0),
-               func.sum(case((first, Detection.turn), else_=0)), func.sum(case((first, 1), else_=0)))
-        .group_by(minute, Detection.tenant, Detection.enforced, Detection.type, Detection.action, model)))
+               Detection.action, MODEL, *detection_sums())
+        .group_by(minute, Detection.tenant, Detection.enforced, Detection.type, Detection.action, MODEL)))
     dimensions = [CountBucket.tenant, CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model]
     for finer, span in zip(SPANS, SPANS[1:]):  # five minutes from minutes, hours from five minutes
         wider = CountBucket.bucket - CountBucket.bucket % literal_column(str(span))
-        statements.append(_insert(dialect, CountBucket).from_select(
-            list(COUNT_KEY) + sums,
-            select(literal_column(str(span)), wider, *dimensions,
-                   *(func.sum(getattr(CountBucket, name)) for name in sums))
+        statements.append(dialect_insert(dialect, CountBucket).from_select(
+            list(COUNT_KEY) + list(SUMS),
+            select(literal_column(str(span)), wider, *dimensions, *bucket_sums())
             .where(CountBucket.span == finer).group_by(wider, *dimensions)))
-    statements.append(_insert(dialect, TaskOutcome).from_select(
+    statements.append(dialect_insert(dialect, TaskOutcome).from_select(
         ["tenant", "session_id", "task", "enforced", "last_at", "last_warned", "last_moved_on", "stopped"],
         select(Detection.tenant, Detection.session_id, Detection.task, Detection.enforced,
                func.max(Detection.created_at), func.max(case((warned, Detection.episode))),
                func.max(case((and_(warned, Detection.recovered.is_(True)), Detection.episode))),
                func.max(case((Detection.action == "stopped", 1), else_=0)) == 1)
         .group_by(Detection.tenant, Detection.session_id, Detection.task, Detection.enforced)))
-    statements.append(_insert(dialect, SessionCount).from_select(
+    statements.append(dialect_insert(dialect, SessionCount).from_select(
         ["tenant", "session_id", "detections", "last_enforced_at"],
         select(Detection.tenant, Detection.session_id, func.count(),
                func.max(case((Detection.enforced.is_(True), Detection.created_at))))
@@ -412,7 +422,7 @@ def recount(dialect: str) -> list:
         select(session_bucket, SessionCount.tenant, true(), zero, zero, zero, one)
         .where(SessionCount.last_enforced_at.is_not(None)),
     ).subquery()
-    statements.append(_insert(dialect, OutcomeBucket).from_select(
+    statements.append(dialect_insert(dialect, OutcomeBucket).from_select(
         ["bucket", "tenant", "enforced", "warned_tasks", "recovered_tasks", "stopped_tasks", "sessions"],
         select(parts.c.bucket, parts.c.tenant, parts.c.enforced, func.sum(parts.c.w), func.sum(parts.c.r),
                func.sum(parts.c.s), func.sum(parts.c.n)).group_by(parts.c.bucket, parts.c.tenant, parts.c.enforced)))
@@ -427,13 +437,9 @@ async def rebuild(connection, dialect: str) -> bool:
     else:  # a write first takes SQLite's one write lock, so what is read next is not stale
         await connection.execute(delete(OutcomeBucket).where(false()))
     rows, counted = await consistent(connection)
-    if rows == counted and (rows == 0 or await _has_tasks(connection)):
+    if rows == counted:
         return False
     for statement in recount(dialect):
         await connection.execute(statement)
     log.warning("overview counts rebuilt from %d detections", rows)
     return True
-
-
-async def _has_tasks(connection) -> bool:
-    return (await connection.execute(select(TaskOutcome.tenant).limit(1))).first() is not None

@@ -13,11 +13,10 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from sqlalchemy import bindparam, func, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 
 from proxy.store import rollup
-from proxy.store.database import create_engine
+from proxy.store.database import create_engine, dialect_insert
 from proxy.store.models import Detection, JudgeCheckRow, ResponseRow, SessionRow
 
 log = logging.getLogger("loopwarden.store")
@@ -41,10 +40,6 @@ class SessionSeen:
     message_count: int
     model: str | None
     at: datetime = field(default_factory=utcnow)
-
-
-def dialect_insert(dialect: str, table):
-    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
 
 
 class LogWriter:
