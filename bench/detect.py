@@ -18,9 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reference_content import ReferenceContent  # noqa: E402
 
 from proxy.detect.content import ContentTracker  # noqa: E402
+from proxy.conversation import ToolCall  # noqa: E402
 from proxy.detect.engine import DetectConfig, analyze, make_call  # noqa: E402
 from proxy.detect.normalize import is_error_form  # noqa: E402
 from proxy.detect.tools import ToolTracker  # noqa: E402
+from proxy.wire.chat import ChatDialect  # noqa: E402
 
 WORDS = ("the", "file", "config", "loader", "returns", "value", "when", "tests", "module", "change", "build",
          "cache", "parser", "error-free", "update", "server", "client", "request", "path", "line")
@@ -129,8 +131,7 @@ def main(quick: bool) -> None:
     # A result is masked and hashed only when its call is compared with an earlier one of the same name and
     # arguments: distinct calls never are, a call repeated always is.
     for label, paths in (("each new to the calls before it", 50), ("the same call again and again", 1)):
-        raws = [{"id": f"c{i}", "function": {"name": "read_file", "arguments": f'{{"path": "src/m{i % paths}.py"}}'}}
-                for i in range(calls)]
+        raws = [ToolCall(f"c{i}", "read_file", f'{{"path": "src/m{i % paths}.py"}}') for i in range(calls)]
         tracker_tools = ToolTracker()
         started = time.perf_counter()
         for raw in raws:
@@ -179,13 +180,13 @@ def histories(quick: bool) -> None:
         full, before = build(200), build(198)
         started = time.perf_counter()
         for _ in range(rounds):
-            analyze(config, full)
+            analyze(config, ChatDialect.read({"messages": full}).messages)  # read as the proxy reads it
         cold = (time.perf_counter() - started) / rounds
         warm = 0.0
         for _ in range(rounds):
-            _, cache = analyze(config, before)  # the previous request, one step shorter
+            _, cache = analyze(config, ChatDialect.read({"messages": before}).messages)  # one step shorter
             started = time.perf_counter()
-            analyze(config, full, cache=cache)
+            analyze(config, ChatDialect.read({"messages": full}).messages, cache=cache)
             warm += time.perf_counter() - started
         warm /= rounds
         figures[name] = cold
@@ -201,7 +202,8 @@ def replay_throughput(quick: bool) -> None:
     from proxy.replay import Record, replay
 
     count = 500 if quick else 2000
-    records = [Record(f"bench:{i}", conversation(42, looping=i % 3 == 0, tag=str(i)), False) for i in range(count)]
+    records = [Record(f"bench:{i}", ChatDialect.read({"messages": conversation(42, looping=i % 3 == 0, tag=str(i))})
+                      .messages, False) for i in range(count)]
     config = DetectConfig()
     started = time.perf_counter()
     found = sum(len(replay(config, record).episodes) for record in records)

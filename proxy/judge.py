@@ -17,8 +17,8 @@ import anthropic
 import openai
 import orjson
 
+from proxy.conversation import TOOL, Message
 from proxy.detect.judge_policy import LOOP_CONFIDENCE, JudgeCheck
-from proxy.wire.chat import message_text, tool_calls
 
 log = logging.getLogger("loopwarden.judge")
 
@@ -67,22 +67,21 @@ class Answer:
     tokens: int
 
 
-def render(request: str, window: list[dict]) -> str:
+def render(request: str, window: list[Message]) -> str:
     """What the judge reads: the original request, then each message, tool calls spelled out."""
     lines = [f"The user's request:\n{request or '(not in view)'}", "", "The agent's latest messages:"]
     for message in window:
-        role = message.get("role", "?")
-        text = message_text(message)
+        role = message.role or "?"
+        text = message.text
         if len(text) > _MESSAGE_CHARS:
             text = text[:_MESSAGE_CHARS] + " …(cut)"
-        if role == "tool":
+        if role == TOOL:
             lines.append(f"[tool result] {text}")
             continue
         if text:
             lines.append(f"[{role}] {text}")
-        for call in tool_calls(message):
-            function = call.get("function") if isinstance(call.get("function"), dict) else {}
-            lines.append(f"[{role} calls] {function.get('name')}({str(function.get('arguments'))[:300]})")
+        for call in message.calls:
+            lines.append(f"[{role} calls] {call.name}({str(call.arguments)[:300]})")
     return "\n".join(lines)
 
 
@@ -104,8 +103,8 @@ def parse_answer(text: str | None) -> tuple[float | None, str]:
 
 
 class Judge:
-    """Asks over Chat Completions (`base_url`), or, for a session in the Messages dialect with no JUDGE_URL, the
-    Anthropic upstream in its own dialect (`anthropic_url`)."""
+    """Asks over Chat Completions (`base_url`), or, for a session whose provider is Anthropic and no JUDGE_URL,
+    the Anthropic upstream in its own dialect (`anthropic_url`)."""
 
     def __init__(self, base_url: str, api_key: str | None, timeout: float, concurrency: int,
                  anthropic_url: str | None = None, anthropic_api_key: str | None = None) -> None:
@@ -143,7 +142,7 @@ class Judge:
             await client.close()
         self._clients.clear()
 
-    async def ask(self, model: str, client_key: str, request: str, window: list[dict],
+    async def ask(self, model: str, client_key: str, request: str, window: list[Message],
                   messages_api: bool = False) -> Answer:
         """One model's answer; never raises (a failure is an answer without confidence)."""
         shown = render(request, window)
@@ -188,7 +187,7 @@ class Judge:
         return Answer(confidence, analysis, message.usage.input_tokens + message.usage.output_tokens)
 
     async def check(self, task: str, turn: int, model: str, confirm_model: str | None, client_key: str,
-                    request: str, window: list[dict], messages_api: bool = False) -> tuple[JudgeCheck, int]:
+                    request: str, window: list[Message], messages_api: bool = False) -> tuple[JudgeCheck, int]:
         first = await self.ask(model, client_key, request, window, messages_api)
         tokens = first.tokens
         confirm = None

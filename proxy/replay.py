@@ -17,25 +17,25 @@ from typing import Iterator
 
 import orjson
 
+from proxy.conversation import ASSISTANT, Message, from_record, model_text
 from proxy.detect.engine import (
     Decision,
     DetectConfig,
     Episode,
     ResponseWatcher,
     analyze,
+    answer_action,
     episodes,
     fingerprints_of,
-    model_text,
 )
-from proxy.wire import messages as anthropic_messages
-from proxy.wire.chat import RequestError, tool_calls
-from proxy.wire.responses import conversation_of
+from proxy.wire import recorded_dialect
+from proxy.wire.dialect import RequestError
 
 
 @dataclass
 class Record:
     source: str  # FILE:LINE
-    messages: list[dict]
+    messages: list[Message]
     streamed: bool  # the answers were streamed: a chant would have been cut as it came
     model: str | None = None  # for the model's policy
 
@@ -54,32 +54,16 @@ class Replayed:
 def _record(value: object, source: str) -> Record:
     if isinstance(value, list):
         if value and all(isinstance(m, dict) and "role" in m for m in value):
-            return Record(source, value, False)
+            return Record(source, [from_record(m) for m in value], False)
         raise RequestError("a list must hold the conversation's messages (objects with a role)")
     if not isinstance(value, dict):
         raise RequestError("expected a request body (`messages` or `input`) or a list of messages")
+    dialect = recorded_dialect(value)
+    if dialect is None:
+        raise RequestError("neither `messages` (chat completions, Messages) nor `input` (Responses) in this record")
     streamed = value.get("stream") is True
     model = value.get("model") if isinstance(value.get("model"), str) else None
-    messages = value.get("messages")
-    if messages is not None:
-        if not (isinstance(messages, list) and all(isinstance(m, dict) for m in messages)):
-            raise RequestError("'messages' must be an array of objects")
-        if _is_anthropic(value):
-            return Record(source, anthropic_messages.conversation_of(value).messages, streamed, model)
-        return Record(source, messages, streamed, model)
-    if "input" in value:
-        return Record(source, conversation_of(value).messages, streamed, model)
-    raise RequestError("neither `messages` (chat completions, Messages) nor `input` (Responses) in this record")
-
-
-_ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})
-
-
-def _is_anthropic(body: dict) -> bool:
-    """A Messages body: a top-level `system`, or the blocks only Messages has."""
-    return "system" in body or any(
-        isinstance(block, dict) and block.get("type") in _ANTHROPIC_BLOCKS
-        for message in body["messages"] if isinstance(message.get("content"), list) for block in message["content"])
+    return Record(source, dialect.read(value).messages, streamed, model)
 
 
 def _files(paths: list[str]) -> Iterator[Path]:
@@ -124,7 +108,7 @@ def _entry(episode: Episode, action: str) -> dict:
 def replay(config: DetectConfig, record: Record) -> Replayed:
     """The episodes a proxy in observe mode would have logged for this conversation, in order."""
     messages = record.messages
-    turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    turns = [i for i, m in enumerate(messages) if m.role == ASSISTANT]
     # Every request the agent sent, and the next one, which carries the last turn (a record may end with it).
     ends = turns + [len(messages)]
     result = Replayed(record.source, len(turns))
@@ -132,9 +116,9 @@ def replay(config: DetectConfig, record: Record) -> Replayed:
     cache = None
     fingerprints = fingerprints_of(messages)  # once: every request is a prefix of the record
 
-    def log(task: str, episode: Episode, action: str) -> None:
+    def log(task: str, episode: Episode, action: str | None) -> None:
         key = (task, episode.message_index, episode.step)
-        if key in logged or episode.number > episode.limit + 1:  # nothing after the would-be stop
+        if key in logged or action is None or episode.number > episode.limit + 1:  # nothing after the stop
             return
         logged.add(key)
         result.episodes.append(_entry(episode, action))
@@ -143,20 +127,16 @@ def replay(config: DetectConfig, record: Record) -> Replayed:
         request = messages[:end]
         state, cache = analyze(config, request, 0, cache, fingerprints[:end])
         decision = Decision(episodes(config, state))
-        if decision.stop is not None:
-            log(state.key, decision.stop, "stopped")
-        else:
-            for warning in decision.warnings:
-                if not warning.was_cut:
-                    log(state.key, warning, "warned")
+        for episode, action in decision.logged():  # as the proxy logs the request
+            log(state.key, episode, action)
         if record.streamed and end < len(messages):
             watcher = ResponseWatcher(config, state.clone(), decision, len(request), False)
             text = model_text(messages[end])[0]
             found = watcher.text(text) if text else None
-            if found is None and tool_calls(messages[end]):
+            if found is None and messages[end].calls:
                 found = watcher.tool_call_started()  # a call ends the text before it, as it streams in
             if found is not None:
-                log(state.key, found, "stopped" if found.is_stop else "cut")
+                log(state.key, found, answer_action(found))
     return result
 
 

@@ -7,6 +7,9 @@ from typing import Any
 
 import orjson
 
+from proxy.detect import engine
+from proxy.wire.chat import ChatDialect
+
 _ids = itertools.count(1)
 
 
@@ -45,3 +48,13 @@ def conversation(*parts: dict | list[dict]) -> list[dict]:
     for part in parts:
         messages.extend(part if isinstance(part, list) else [part])
     return messages
+
+
+def neutral(messages: list[dict]) -> list:
+    """Chat messages as the proxy reads them: through the chat dialect, into the neutral conversation."""
+    return ChatDialect.read({"messages": messages}).messages
+
+
+def analyze(config, messages: list[dict], *args, **kwargs):
+    """The engine's fold over chat messages, read as the proxy reads them."""
+    return engine.analyze(config, neutral(messages), *args, **kwargs)

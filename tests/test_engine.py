@@ -9,11 +9,11 @@ import orjson
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from proxy.detect.engine import DetectConfig, Decision, ResponseWatcher, analyze, episodes
+from proxy.detect.engine import DetectConfig, Decision, ResponseWatcher, episodes
 from proxy.detect.judge_policy import JudgeCheck
 from proxy.detect.normalize import is_error_form
 from proxy.detect.texts import stop_text, warning_text
-from tests.convo import assistant, conversation, step, steps, user
+from tests.convo import analyze, assistant, conversation, neutral, step, steps, user
 
 DEFAULT = DetectConfig()
 SENTENCE = "This is a sentence that repeats over and over now. "
@@ -253,7 +253,8 @@ def _stream(config, messages, text_deltas, tool_calls=(), plan_mode=False):
     for i, delta in enumerate(text_deltas):
         if watcher.text(delta):
             return "cut", i, watcher.episode
-    return "end", None, watcher.finish({"role": "assistant", "content": "".join(text_deltas), "tool_calls": list(tool_calls)})
+    return "end", None, watcher.finish(
+        neutral([{"role": "assistant", "content": "".join(text_deltas), "tool_calls": list(tool_calls)}])[0])
 
 
 def test_response_watcher_cuts_chanting_as_it_streams():

@@ -15,7 +15,7 @@ from proxy.config import ConfigError, build
 from proxy.detect.engine import DetectConfig
 from proxy.replay import Record, replay
 from tests.agent import Agent
-from tests.convo import conversation, step, user
+from tests.convo import conversation, neutral, step, user
 from tests.fake_upstream import Turn
 from tests.test_log_api import ROOT
 from tests.test_served_episodes import logged
@@ -262,7 +262,7 @@ def test_replay_reads_text_agents_and_responses_bodies():
     for _ in range(7):
         react += [{"role": "assistant", "content": "Thought: again.\nAction: search\nAction Input: {\"q\": \"x\"}"},
                   {"role": "user", "content": "Observation: nothing found"}]
-    assert [e["action"] for e in replay(config, Record("react", react, False)).episodes] == [
+    assert [e["action"] for e in replay(config, Record("react", neutral(react), False)).episodes] == [
         "warned", "warned", "stopped"]
     items = [{"role": "user", "content": "go"}]
     for i in range(6):
@@ -278,7 +278,7 @@ def test_replay_reads_the_last_answer_of_a_record():
     chant = "I will now check the configuration file once more before I answer. " * 12
     record = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Is the config valid?"},
               {"role": "assistant", "content": chant}]  # recorded without "stream": true
-    (episode,) = replay(DetectConfig(), Record("final", record, False)).episodes
+    (episode,) = replay(DetectConfig(), Record("final", neutral(record), False)).episodes
     assert (episode["turn"], episode["type"], episode["action"]) == (1, "content", "warned")
-    streamed = replay(DetectConfig(), Record("final", record, True)).episodes
+    streamed = replay(DetectConfig(), Record("final", neutral(record), True)).episodes
     assert [(e["type"], e["action"]) for e in streamed] == [("content", "cut")]  # logged once, where it was cut

@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 from hypothesis import given, settings, strategies as st
 
+from proxy.conversation import Message, ToolCall
 from proxy.wire.chat import ChatStream
 from proxy.wire.sse import SSEEvent, SSEParser
 
@@ -98,14 +99,8 @@ def test_assembler_joins_split_tool_call_arguments_and_text():
     assert starts == 2
     assert assembler.finish_reason == "tool_calls"
     assert assembler.usage == {"total_tokens": 9}
-    assert assembler.message() == {
-        "role": "assistant",
-        "content": "Let me look.",
-        "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\": \"a.py\"}"}},
-            {"id": "call_2", "type": "function", "function": {"name": "ls", "arguments": "{}"}},
-        ],
-    }
+    assert assembler.message() == Message("assistant", "Let me look.", (
+        ToolCall("call_1", "read_file", "{\"path\": \"a.py\"}"), ToolCall("call_2", "ls", "{}")))
 
 
 def absolute_ends(data: bytes, cuts: list[int]) -> list[int]:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from proxy.detect.engine import DetectConfig, Decision, ResponseWatcher, analyze, episodes
+from proxy.detect.engine import DetectConfig, Decision, ResponseWatcher, episodes
 from proxy.detect.text_steps import TextAction, is_observation, read_actions, task_text, trajectory
 from proxy.detect.texts import stop_text, warning_text
-from proxy.wire.chat import message_text
+from proxy.conversation import text_of
+from tests.convo import analyze, neutral
 
 DEFAULT = DetectConfig()
 # The last request of a looping run of each agent, as the real packages sent it to a scripted model;
@@ -39,7 +40,7 @@ def recorded_steps(name: str) -> tuple[list[dict], list[tuple[str, str]]]:
     (request,) = RECORDED[name]
     messages = request["messages"]
     opening = messages[:2]
-    steps = [(message_text(messages[i]), message_text(messages[i + 1])) for i in range(2, len(messages) - 1, 2)]
+    steps = [(text_of(messages[i]["content"]), text_of(messages[i + 1]["content"])) for i in range(2, len(messages) - 1, 2)]
     return opening, steps
 
 
@@ -204,7 +205,7 @@ def test_the_response_watcher_reads_text_actions():
     state, _ = analyze(DEFAULT, messages)
     decision = Decision(episodes(DEFAULT, state))
     answer = {"role": "assistant", "content": messages[-2]["content"]}
-    repeated = ResponseWatcher(DEFAULT, state.clone(), decision, len(messages), False).finish(answer)
+    repeated = ResponseWatcher(DEFAULT, state.clone(), decision, len(messages), False).finish(neutral([answer])[0])
     assert repeated is not None and repeated.type == "tool_call"
     moved_on = {"role": "assistant", "content": "Thought: try the docs.\nAction: search\nAction Input: {\"q\": \"x\"}"}
-    assert ResponseWatcher(DEFAULT, state.clone(), decision, len(messages), False).finish(moved_on) is None
+    assert ResponseWatcher(DEFAULT, state.clone(), decision, len(messages), False).finish(neutral([moved_on])[0]) is None

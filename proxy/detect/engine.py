@@ -27,13 +27,19 @@ from proxy.detect.text_steps import (
     trajectory,
 )
 from proxy.detect.tools import ERROR_REPEATS, Call, ToolFinding, ToolTracker
+from proxy.conversation import (  # noqa: F401 (the prefixes are the engine's vocabulary too)
+    ASSISTANT,
+    CUT_NOTICE_PREFIX,
+    INJECTED_PREFIX,
+    TOOL,
+    USER,
+    Message,
+    ToolCall,
+    model_text,
+)
 from proxy.policy import Policies
-from proxy.wire.chat import message_text, tool_calls
 
 TYPES = ("tool_call", "tool_cycle", "tool_error", "content", "llm")
-INJECTED_PREFIX = "[loopwarden] "
-# Where the proxy cut a chanting stream, it added a last text delta starting with this: not the model's text.
-CUT_NOTICE_PREFIX = INJECTED_PREFIX + "Output cut:"
 
 
 @dataclass(frozen=True)
@@ -136,15 +142,15 @@ class TaskState:
         return TaskState(self.start, self.key, self.tools.clone(), self.content.clone(), self.turns,
                          self.anchored, list(self.findings), list(self.turn_places), set(self.harness))
 
-    def anchor(self, first_turn: dict) -> None:
+    def anchor(self, first_turn: Message) -> None:
         """Name this run of the task by its first assistant turn's first call id: a rerun of the same
         prompt, or a twin agent started alike, gets new call ids from the model and so is another task."""
         if self.anchored:
             return
         self.anchored = True
-        for raw in tool_calls(first_turn):
-            if raw.get("id"):
-                self.key = digest(f"{self.key}\x00{raw['id']}").hex()[:16]
+        for call in first_turn.calls:
+            if call.id:
+                self.key = digest(f"{self.key}\x00{call.id}").hex()[:16]
                 return
 
 
@@ -156,53 +162,33 @@ class FoldCache:
     config: DetectConfig | None = None  # a verdict under other settings (another model's policy) is not reused
 
 
-def _fingerprint(message: dict) -> int:
-    return hash(orjson.dumps(message))
+def _fingerprint(message: Message) -> int:
+    return hash(message)
 
 
-def _task_key(messages: list[dict], start: int) -> str:
-    opener = task_text(message_text(messages[start - 1])) if start > 0 else ""
+def _task_key(messages: list[Message], start: int) -> str:
+    opener = task_text(messages[start - 1].text) if start > 0 else ""
     return digest(f"{start}\x00{opener}").hex()[:16]
 
 
-def _new_task(config: DetectConfig, messages: list[dict], start: int) -> TaskState:
+def _new_task(config: DetectConfig, messages: list[Message], start: int) -> TaskState:
     return TaskState(start, _task_key(messages, start), ToolTracker(), config.new_content_tracker())
 
 
-def is_injected(message: dict) -> bool:
-    """A warning the proxy wrote: never the model's output, never a user's new task."""
-    content = message.get("content")
-    return isinstance(content, str) and content.startswith(INJECTED_PREFIX) and message.get("role") != "assistant"
-
-
-def model_text(message: dict) -> tuple[str, bool]:
-    """An assistant message's own text, without a cut notice the proxy added; and whether it had one."""
-    text = message_text(message)
-    at = text.rfind(CUT_NOTICE_PREFIX) if INJECTED_PREFIX in text else -1
-    if at < 0:
-        return text, False
-    return text[:at].rstrip("\n"), True
-
-
-def _tool_results(messages: list[dict], after: int) -> tuple[dict[str, tuple[str, bool]], int]:
+def _tool_results(messages: list[Message], after: int) -> tuple[dict[str, tuple[str, bool]], int]:
     """Tool results that follow an assistant message, and the index just past them."""
     results: dict[str, tuple[str, bool]] = {}
     j = after
-    while j < len(messages) and messages[j].get("role") == "tool":
+    while j < len(messages) and messages[j].role == TOOL:
         message = messages[j]
-        marked = message.get("is_error") is True or message.get("status") == "error"
-        results[str(message.get("tool_call_id"))] = (message_text(message), marked)
+        results[message.call_id] = (message.text, message.failed)
         j += 1
     return results, j
 
 
-def make_call(raw: dict, results: dict[str, tuple[str, bool]]) -> Call:
+def make_call(call: ToolCall, results: dict[str, tuple[str, bool]]) -> Call:
     """A native tool call, with its result when the conversation has it."""
-    function = raw.get("function")
-    function = function if isinstance(function, dict) else {}
-    name = function.get("name")
-    name = name if isinstance(name, str) else ""
-    return _call(name, canonical_arguments(function.get("arguments") or ""), results.get(str(raw.get("id"))))
+    return _call(call.name, canonical_arguments(call.arguments or ""), results.get(call.id))
 
 
 def _call(name: str, arguments: str, outcome: tuple[str, bool] | None) -> Call:
@@ -226,16 +212,16 @@ def text_call(action: TextAction, observation: str | None, marked: bool = False)
     return _call(action.name, action.arguments, None if observation is None else (observation, marked))
 
 
-def _user_answer(messages: list[dict], j: int) -> str | None:
+def _user_answer(messages: list[Message], j: int) -> str | None:
     """The text of the user message right after message j, if there is one."""
     if j + 1 < len(messages):
         answer = messages[j + 1]
-        if answer.get("role") == "user" and not is_injected(answer):
-            return message_text(answer)
+        if answer.role == USER and not answer.injected:
+            return answer.text
     return None
 
 
-def _text_steps(state: "TaskState", messages: list[dict], j: int, text: str) -> tuple[list[Call], int]:
+def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) -> tuple[list[Call], int]:
     """An assistant message without native tool calls: the steps it acts in text, and where the messages
     that answer it end. A user message that is the harness talking (an observation, or the same text that
     answered the assistant before in this task) is part of the step, not a new task."""
@@ -345,20 +331,20 @@ class Turn:
         return finding
 
 
-def _fold(config: DetectConfig, state: TaskState, messages: list[dict], begin: int, end: int,
+def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin: int, end: int,
           reset_at: int) -> TaskState:
     j = begin
     while j < end:
         message = messages[j]
         if j == reset_at and j > 0:
             state = _new_task(config, messages, j)
-        role = message.get("role")
-        if is_injected(message):
+        role = message.role
+        if message.injected:
             j += 1
-        elif role == "user":
-            text = message_text(message)
+        elif role == USER:
+            text = message.text
             state = _new_task(config, messages, j + 1)
-            if j > 0 and messages[j - 1].get("role") == "assistant":
+            if j > 0 and messages[j - 1].role == ASSISTANT:
                 state.harness.add(digest(mask(text)))  # if it comes again, it is the harness talking
             for number, step in enumerate(trajectory(text) or (), start=1):
                 # DSPy's ReAct: each step of the trajectory in this message is a turn.
@@ -366,13 +352,12 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[dict], begin: i
                 turn.tool_call(text_call(step.action, step.observation))
                 turn.finish(j + 1)
             j += 1
-        elif role == "assistant":
+        elif role == ASSISTANT:
             state.anchor(message)
             text, was_cut = model_text(message)
-            raw_calls = tool_calls(message)
-            if raw_calls:
+            if message.calls:
                 results, after = _tool_results(messages, j + 1)
-                calls = [make_call(raw, results) for raw in raw_calls]
+                calls = [make_call(call, results) for call in message.calls]
             else:
                 calls, after = _text_steps(state, messages, j, text)
             turn = Turn(config, state, j)
@@ -390,28 +375,28 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[dict], begin: i
     return state
 
 
-def _final_step_start(messages: list[dict]) -> int:
+def _final_step_start(messages: list[Message]) -> int:
     """Where the messages whose results may still grow begin (the last call still unanswered)."""
-    if messages and messages[-1].get("role") == "assistant":
+    if messages and messages[-1].role == ASSISTANT:
         return len(messages) - 1  # its answer, native or in text, is still to come
     for j in range(len(messages) - 1, -1, -1):
-        role = messages[j].get("role")
-        if role == "tool":
+        role = messages[j].role
+        if role == TOOL:
             continue
-        if role == "assistant" and tool_calls(messages[j]):
+        if role == ASSISTANT and messages[j].calls:
             results, _ = _tool_results(messages, j + 1)
-            ids = {str(c.get("id")) for c in tool_calls(messages[j])}
+            ids = {c.id for c in messages[j].calls}
             if not ids <= results.keys():
                 return j
         break
     return len(messages)
 
 
-def fingerprints_of(messages: list[dict]) -> list[int]:
+def fingerprints_of(messages: list[Message]) -> list[int]:
     return [_fingerprint(m) for m in messages]
 
 
-def analyze(config: DetectConfig, messages: list[dict], reset_at: int = 0,
+def analyze(config: DetectConfig, messages: list[Message], reset_at: int = 0,
             cache: FoldCache | None = None, fingerprints: list[int] | None = None) -> tuple[TaskState, FoldCache]:
     """The state of the current task after `messages`, and the cache for the next request. (A caller that
     holds the messages' fingerprints already, as replay does for each prefix of a record, may pass them.)"""
@@ -434,12 +419,25 @@ def analyze(config: DetectConfig, messages: list[dict], reset_at: int = 0,
     return state, new_cache
 
 
+def allowed_trips(finding: Finding, plan_mode: bool) -> list[tuple[str, dict]]:
+    """The rules a finding tripped that count for this request (plan mode leaves the content rule out)."""
+    return [t for t in finding.trips if not (plan_mode and t[0] == "content")]
+
+
+def episode_of(config: DetectConfig, number: int, finding: Finding, trips: list[tuple[str, dict]],
+               previous_type: str | None) -> Episode:
+    """A finding as the task's episode `number`: the fold and the live stream watcher number them alike."""
+    kind, detail = choose_trip(trips, previous_type)
+    return Episode(number, config.max_warnings, kind, detail, finding.message_index, finding.place, finding.turn,
+                   finding.was_cut, finding.step)
+
+
 def episodes(config: DetectConfig, state: TaskState, *, plan_mode: bool = False,
              judge_checks: list[JudgeCheck] = ()) -> list[Episode]:
     """Number the task's findings: one episode per message, named after its first allowed rule."""
     trips_at: dict[tuple[int, int], tuple[Finding, list[tuple[str, dict]]]] = {}
     for finding in state.findings:
-        trips = [t for t in finding.trips if not (plan_mode and t[0] == "content")]
+        trips = allowed_trips(finding, plan_mode)
         if trips:
             trips_at[finding.position] = (finding, trips)
     for check in judge_checks:
@@ -456,9 +454,7 @@ def episodes(config: DetectConfig, state: TaskState, *, plan_mode: bool = False,
     result: list[Episode] = []
     for number, index in enumerate(sorted(trips_at), start=1):
         finding, trips = trips_at[index]
-        kind, detail = choose_trip(trips, result[-1].type if result else None)
-        result.append(Episode(number, config.max_warnings, kind, detail, finding.message_index, finding.place,
-                              finding.turn, finding.was_cut, finding.step))
+        result.append(episode_of(config, number, finding, trips, result[-1].type if result else None))
     return result
 
 
@@ -474,6 +470,21 @@ class Decision:
     def warnings(self) -> list[Episode]:
         return [e for e in self.episodes if not e.is_stop]
 
+    def logged(self) -> list[tuple[Episode, str]]:
+        """What a request with this decision logs (the proxy, live or observing, and replay alike): its stop;
+        else each warning it carries, when it reaches the model, except a chant the proxy cut (logged then)."""
+        if self.stop is not None:
+            return [(self.stop, "stopped")]
+        return [(warning, "warned") for warning in self.warnings if not warning.was_cut]
+
+
+def answer_action(episode: Episode) -> str | None:
+    """How an episode completed by a streamed answer is logged ("stopped" or "cut"); None past a task's
+    would-be stop (observe mode, replay), after which a task logs nothing more."""
+    if episode.number > episode.limit + 1:
+        return None
+    return "stopped" if episode.is_stop else "cut"
+
 
 class ResponseWatcher:
     """Follows the response to one request: the next assistant turn of the task."""
@@ -486,13 +497,14 @@ class ResponseWatcher:
         self.previous_type = decision.episodes[-1].type if decision.episodes else None
         self.episode: Episode | None = None
         self._turn = Turn(config, state, message_index)
-        self._calls: list[dict] = []
 
     def _content_episode(self) -> Episode | None:
         if self.plan_mode or self._turn.chant is None:
             return None
-        self.episode = Episode(self.next_number, self.config.max_warnings, "content", chant_detail(self._turn.chant),
-                               self._turn.message_index, self._turn.message_index + 1, self._turn.turn, True)
+        turn = self._turn
+        finding = Finding(turn.message_index, turn.message_index + 1, turn.turn,
+                          [("content", chant_detail(turn.chant))], was_cut=True)
+        self.episode = episode_of(self.config, self.next_number, finding, finding.trips, None)
         return self.episode
 
     def text(self, piece: str) -> Episode | None:
@@ -502,12 +514,12 @@ class ResponseWatcher:
     def tool_call_started(self) -> Episode | None:
         return self._content_episode() if self._turn.end_text() else None
 
-    def finish(self, message: dict) -> Episode | None:
+    def finish(self, message: Message) -> Episode | None:
         """The response is complete: its actions, native or written in text, count now, their results
         still unknown."""
         if self.episode is not None:
             return None
-        calls = [make_call(raw, {}) for raw in tool_calls(message)] or \
+        calls = [make_call(call, {}) for call in message.calls] or \
             [text_call(action, None) for action in read_actions(model_text(message)[0]) or ()]
         if not calls and self._turn.end_text():
             return self._content_episode()
@@ -516,10 +528,8 @@ class ResponseWatcher:
         finding = self._turn.finish(self._turn.message_index + 1)
         if finding is None:
             return None
-        trips = [t for t in finding.trips if not (self.plan_mode and t[0] == "content")]
+        trips = allowed_trips(finding, self.plan_mode)
         if not trips:
             return None
-        kind, detail = choose_trip(trips, self.previous_type)
-        self.episode = Episode(self.next_number, self.config.max_warnings, kind, detail, finding.message_index,
-                               finding.place, finding.turn)
+        self.episode = episode_of(self.config, self.next_number, finding, trips, self.previous_type)
         return self.episode

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from proxy.wire.chat import tool_calls
+from proxy.conversation import TOOL, USER, Message
 
 LOOP_CONFIDENCE = 0.9
 FIRST_INTERVAL = 10
@@ -54,24 +54,21 @@ def check_due(turn: int, after_turns: int, checks: list[JudgeCheck]) -> bool:
     return turn - checks[-1].turn >= interval
 
 
-def judge_window(messages: list[dict], task_start: int) -> tuple[str, list[dict]]:
+def judge_window(messages: list[Message], task_start: int) -> tuple[str, list[Message]]:
     """The task's original user request and its last messages, with dangling tool calls trimmed."""
     request = ""
-    if task_start > 0 and messages[task_start - 1].get("role") == "user":
-        content = messages[task_start - 1].get("content")
-        request = content if isinstance(content, str) else str(content)
-    window = [m for m in messages[task_start:] if isinstance(m, dict)][-WINDOW_MESSAGES:]
-    answered = {m.get("tool_call_id") for m in window if m.get("role") == "tool"}
+    if task_start > 0 and messages[task_start - 1].role == USER:
+        request = messages[task_start - 1].text
+    window = messages[task_start:][-WINDOW_MESSAGES:]
+    answered = {m.call_id for m in window if m.role == TOOL}
     called: set[str] = set()
-    trimmed: list[dict] = []
+    trimmed: list[Message] = []
     for message in window:
-        if message.get("role") == "tool" and message.get("tool_call_id") not in called:
+        if message.role == TOOL and message.call_id not in called:
             continue  # its call fell outside the window
-        calls = tool_calls(message)
-        if calls:
-            kept = [c for c in calls if c.get("id") in answered]
-            called.update(c.get("id") for c in kept)
-            message = {**message, "tool_calls": kept} if kept else {k: v for k, v in message.items()
-                                                                     if k != "tool_calls"}
+        if message.calls:
+            kept = tuple(c for c in message.calls if c.id in answered)
+            called.update(c.id for c in kept)
+            message = message._replace(calls=kept)
         trimmed.append(message)
     return request, trimmed

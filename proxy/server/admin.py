@@ -15,7 +15,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from proxy.server.guard import Guard, client_key, tenant_of
+from proxy.inspection import client_key, tenant_of
+from proxy.server.guard import Guard
 from proxy.server.upstream import json_error
 from proxy.store import queries
 from proxy.store.queries import QueryError
@@ -46,7 +47,7 @@ def _is_loopback(request: web.Request) -> bool:
 
 def caller_tenant(request: web.Request, admin_token: str | None) -> str | None:
     """The tenant the caller may see, or ALL_TENANTS."""
-    key = client_key(request)
+    key = client_key(request.headers)
     if admin_token:
         if key and secrets.compare_digest(key.encode(), admin_token.encode()):
             return ALL_TENANTS

@@ -19,23 +19,20 @@ from proxy.server import admin
 from proxy.server import guard as guard_module
 from proxy.server.metrics import Metrics
 from proxy.server.telemetry import Telemetry
+from proxy.inspection import Incoming, Stop, Tap
 from proxy.server.upstream import (
     UpstreamFailure,
     climbs,
     client_headers,
-    is_anthropic,
     is_read_failure,
     json_error,
     make_client_session,
     open_upstream,
     upstream_headers,
-    upstream_url,
 )
 from proxy.store.store import Store
-from proxy.wire.chat import ChatDialect, RequestError
-from proxy.wire.errors import sse_error_event
-from proxy.wire.messages import MessagesDialect
-from proxy.wire.responses import ResponsesDialect
+from proxy.wire import ROUTES, relay_dialect
+from proxy.wire.dialect import Dialect, RequestError
 
 log = logging.getLogger("loopwarden.server")
 
@@ -81,14 +78,14 @@ def _check_length(request: web.Request) -> None:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
 
 
-def inspected(dialect):
-    """The handler of a path whose conversations are watched: Chat Completions, Responses or Messages."""
+def inspected(dialect: Dialect):
+    """The handler of a path whose conversations are watched, in the dialect it speaks."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         telemetry = request.app[TELEMETRY]
         if telemetry.tracer is None:
             return await _inspected(request, dialect, None)
-        span = telemetry.start(request.headers, dialect.name)
+        span = telemetry.start(request.headers, dialect)
         try:
             return await _inspected(request, dialect, span)
         except BaseException as exc:
@@ -100,7 +97,7 @@ def inspected(dialect):
     return handler
 
 
-async def _inspected(request: web.Request, dialect, span) -> web.StreamResponse:
+async def _inspected(request: web.Request, dialect: Dialect, span) -> web.StreamResponse:
     """One watched request; `span`, when tracing is on, learns what it came to."""
     settings = request.app[SETTINGS]
     _check_length(request)
@@ -125,34 +122,42 @@ async def _inspected(request: web.Request, dialect, span) -> web.StreamResponse:
     guard = request.app[GUARD]
     began = time.perf_counter()
     if span is not None:
-        Telemetry.request(span, payload)
-    chain = await guard.chain(request, payload) if dialect is ResponsesDialect else None
+        Telemetry.request(span, payload, dialect)
+    chain = await guard.chain.load(request.headers, payload, dialect)
     try:
-        exchange = guard.begin(request, raw, payload, dialect, chain, span)
+        verdict = guard.inspector.inspect(Incoming(request.headers, raw, payload, dialect, chain), span)
     except RequestError as exc:
         return refused(str(exc), "invalid_value")
-    if exchange.stop is not None:
+    if isinstance(verdict, Stop):
         if span is not None:
-            Telemetry.answered(span, exchange, 400)
-        return exchange.stop
-    headers = upstream_headers(request, settings, identity=True)
+            Telemetry.answered(span, verdict.headers, None, verdict.status)
+        return web.Response(status=verdict.status, body=verdict.body, content_type="application/json",
+                            headers=verdict.headers)
+    tap = verdict.tap
+    upstream_dialect = relay_dialect(request.headers, request.rel_url.query, dialect)
+    headers = upstream_headers(request, settings, upstream_dialect, identity=True)
     headers.pop("Content-Encoding", None)  # the body goes up as read here, decoded
-    url = upstream_url(settings, dialect.path, request.rel_url.raw_query_string, is_anthropic(request))
+    url = upstream_dialect.upstream_url(settings, request.rel_url.raw_path, request.rel_url.raw_query_string)
     sent = time.perf_counter()
     metrics.overhead.observe(sent - began)
-    async with open_upstream(request.app[CLIENT], "POST", url, headers, exchange.body) as upstream:
+    async with open_upstream(request.app[CLIENT], "POST", url, headers, verdict.body) as upstream:
         metrics.upstream_latency.observe(time.perf_counter() - sent)
-        exchange.on_response_headers(upstream.status, upstream.headers)
+        request_id = upstream.headers.get("x-request-id")
+        if tap is not None:
+            tap.delivered(upstream.status, request_id)
+        if verdict.judge is not None:
+            guard.judges.start(verdict.judge, dialect.provider)  # forwarded: background work may start now
         response_headers = client_headers(upstream)
-        response_headers.update(exchange.response_headers)
+        response_headers.update(verdict.headers)
         content_type = upstream.headers.get("Content-Type", "")
         encoding = _encoding(upstream.headers)
         if upstream.status == 200 and content_type.startswith("text/event-stream"):
             # A stream compressed although identity was asked for is relayed untouched, unread.
-            response = await _relay_stream(request, upstream, response_headers, exchange,
-                                           watch=encoding == "identity")
+            response = await _relay_stream(request, upstream, response_headers, dialect, guard,
+                                           tap if encoding == "identity" else None)
             if span is not None:
-                Telemetry.answered(span, exchange, 200, exchange.streamed_answer())
+                Telemetry.answered(span, verdict.headers, request_id, 200,
+                                   tap.streamed_answer() if tap is not None else None)
             return response
         try:
             body = await upstream.read()
@@ -162,7 +167,7 @@ async def _inspected(request: web.Request, dialect, span) -> web.StreamResponse:
             raise _read_failure(exc) from exc
         if upstream.status != 200:
             if span is not None:
-                Telemetry.answered(span, exchange, upstream.status)
+                Telemetry.answered(span, verdict.headers, request_id, upstream.status)
             return _upstream_error(upstream.status, body, response_headers)
         readable = _decoded(body, encoding)
         if readable is not None:
@@ -171,14 +176,20 @@ async def _inspected(request: web.Request, dialect, span) -> web.StreamResponse:
             except orjson.JSONDecodeError:
                 return json_error(502, "upstream answered with a body that is not JSON", "upstream_error",
                                   "upstream_invalid_response")
-            if exchange.keeps_answer:  # a chained request may continue from it: written before it goes out
-                exchange.on_complete(answer)
-                await exchange.persist()
-            else:  # the answer goes out first; the engine reads it on the loop's next turn
-                asyncio.get_running_loop().call_soon(exchange.on_complete, answer)
+            if tap is not None and tap.keeps_answer:  # a chained request may continue from it: written first
+                tap.complete(answer)
+                await _persist(guard, tap)
+            elif tap is not None:  # the answer goes out first; the engine reads it on the loop's next turn
+                asyncio.get_running_loop().call_soon(tap.complete, answer)
             if span is not None:
-                Telemetry.answered(span, exchange, 200, answer)
+                Telemetry.answered(span, verdict.headers, request_id, 200, answer)
         return web.Response(status=200, body=body, headers=response_headers)
+
+
+async def _persist(guard: guard_module.Guard, tap: Tap) -> None:
+    """What the tap recorded of an answer the service keeps is written before the answer's last byte goes out."""
+    tap.persist_pending = False
+    await guard.chain.flush()
 
 
 _ZLIB_ENCODINGS = ("gzip", "x-gzip", "deflate")
@@ -242,17 +253,18 @@ async def _write_eof(request: web.Request, response: web.StreamResponse) -> None
         log.debug("client left before the end of %s", request.path)
 
 
-async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, headers,
-                        exchange: guard_module.Exchange, watch: bool = True) -> web.StreamResponse:
+async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, headers, dialect: Dialect,
+                        guard: guard_module.Guard, tap: Tap | None) -> web.StreamResponse:
+    """Relay a stream as it comes; the tap (None: unread) reads a copy and may end it."""
     response = web.StreamResponse(status=200, headers=headers)
     await response.prepare(request)
     open_streams = request.app[METRICS].open_streams
     open_streams.inc()
     try:
         async for chunk in upstream.content.iter_any():
-            cut = exchange.on_stream_bytes(chunk) if watch else None
-            if exchange.persist_pending:  # a response the service keeps ended in this chunk: written first
-                await exchange.persist()
+            cut = tap.feed(chunk) if tap is not None else None
+            if tap is not None and tap.persist_pending:  # an answer the service keeps ended here: written first
+                await _persist(guard, tap)
             if cut is None:
                 await _write(response, chunk)
                 continue
@@ -262,8 +274,8 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
             await _write(response, chunk[:forward] + ending)
             break
         else:
-            if watch:
-                exchange.on_stream_end()
+            if tap is not None:
+                tap.stream_end()
     except _ClientGone:
         log.debug("client left mid-stream on %s", request.path)
         upstream.close()
@@ -274,7 +286,7 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
         failure = _read_failure(exc)
         log.warning("upstream stream failed: %s", failure.message)
         try:
-            await _write(response, sse_error_event(failure.message, "upstream_error", failure.code))
+            await _write(response, dialect.stream_error(failure.message, "upstream_error", failure.code))
         except _ClientGone:
             return response
     finally:
@@ -284,19 +296,20 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    """Any other /v1/ path: method, query, headers, body and status, streamed both ways; to the Anthropic
-    upstream when the request carries `anthropic-version` (`count_tokens`, `models`)."""
+    """Any other /v1/ path: method, query, headers, body and status, streamed both ways; to the upstream of the
+    dialect that claims the request (the Anthropic upstream when it carries `anthropic-version`)."""
     settings = request.app[SETTINGS]
     tail = request.rel_url.raw_path[len("/v1"):]
     if climbs(tail):
         return json_error(400, "the path may not leave /v1/: '.' and '..' segments, plain or encoded, are refused",
                           "invalid_request_error", "invalid_path")
     _check_length(request)
-    headers = upstream_headers(request, settings, identity=False)
+    dialect = relay_dialect(request.headers, request.rel_url.query)
+    headers = upstream_headers(request, settings, dialect, identity=False)
     if request.content_length is not None:
         headers["Content-Length"] = str(request.content_length)
     data = _body(request, settings.max_body_bytes) if request.body_exists else None
-    url = upstream_url(settings, tail, request.rel_url.raw_query_string, is_anthropic(request))
+    url = dialect.upstream_url(settings, request.rel_url.raw_path, request.rel_url.raw_query_string)
     async with open_upstream(request.app[CLIENT], request.method, url, headers, data) as upstream:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
                                       headers=client_headers(upstream))
@@ -438,8 +451,6 @@ def create_app(settings: Settings) -> web.Application:
                           for route in [web.get("/healthz", healthz), web.get("/readyz", readyz),
                                         web.get("/", healthz),  # clients probe the base URL (Claude Code: HEAD /)
                                         web.get("/metrics", metrics_page), *admin.routes(guard, settings.admin_token),
-                                        web.post("/v1/chat/completions", inspected(ChatDialect)),
-                                        web.post("/v1/responses", inspected(ResponsesDialect)),
-                                        web.post("/v1/messages", inspected(MessagesDialect)),
+                                        *(web.post(path, inspected(dialect)) for path, dialect in ROUTES.items()),
                                         web.route("*", "/v1/{tail:.*}", passthrough)])
     return app

@@ -10,9 +10,6 @@ from typing import Any, Mapping
 
 from proxy.detect.texts import evidence
 
-PROVIDERS = {"chat": "openai", "responses": "openai", "messages": "anthropic"}
-
-
 def usage_tokens(usage: Any) -> tuple[int | None, int | None]:
     """Input and output tokens from any dialect's usage object (`prompt_tokens` or `input_tokens`, ...)."""
     if not isinstance(usage, dict):
@@ -42,34 +39,36 @@ class Telemetry:
         self.tracer = self._provider.get_tracer("loopwarden")
         self._propagator = TraceContextTextMapPropagator()
 
-    def start(self, headers: Mapping[str, str], api: str):
+    def start(self, headers: Mapping[str, str], dialect):
         """A span for one model request, a child of the client's trace when it sent `traceparent`."""
         from opentelemetry.trace import SpanKind
 
         return self.tracer.start_span("chat", context=self._propagator.extract(headers), kind=SpanKind.CLIENT,
                                       attributes={"gen_ai.operation.name": "chat",
-                                                  "gen_ai.provider.name": PROVIDERS[api], "loopwarden.api": api})
+                                                  "gen_ai.provider.name": dialect.provider,
+                                                  "loopwarden.api": dialect.name})
 
     @staticmethod
-    def request(span, payload: dict) -> None:
+    def request(span, payload: dict, dialect) -> None:
         model = payload.get("model")
         if isinstance(model, str):
             span.update_name(f"chat {model}")
             span.set_attribute("gen_ai.request.model", model)
-        limit = payload.get("max_tokens") or payload.get("max_completion_tokens") or payload.get("max_output_tokens")
-        if isinstance(limit, int):
+        limit = dialect.max_output_tokens(payload)
+        if limit is not None:
             span.set_attribute("gen_ai.request.max_tokens", limit)
 
     @staticmethod
-    def answered(span, exchange, status: int, answer: object = None) -> None:
+    def answered(span, answer_headers: Mapping[str, str], request_id: str | None, status: int,
+                 answer: object = None) -> None:
         """What the request came to: the session, the status, the upstream's ids and the tokens its answer
         reports (a JSON answer, or what a finished stream said of itself)."""
-        session = exchange.response_headers.get("X-Loopwarden-Session")
+        session = answer_headers.get("X-Loopwarden-Session")
         if session:
             span.set_attribute("gen_ai.conversation.id", session)
         span.set_attribute("http.response.status_code", status)
-        if exchange.request_id:
-            span.set_attribute("loopwarden.upstream.request_id", exchange.request_id)
+        if request_id:
+            span.set_attribute("loopwarden.upstream.request_id", request_id)
         if not isinstance(answer, dict):
             return
         if isinstance(answer.get("id"), str):

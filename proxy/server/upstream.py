@@ -12,9 +12,9 @@ from typing import AsyncIterator, Mapping
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
-from yarl import URL
 
 from proxy.config import Settings
+from proxy.wire.dialect import Dialect
 from proxy.wire.errors import error_body
 
 log = logging.getLogger("loopwarden.upstream")
@@ -48,24 +48,15 @@ def json_error(status: int, message: str, type_: str, code: str | None = None,
                         headers=headers)
 
 
-def is_anthropic(request: web.Request) -> bool:
-    """A request in the Anthropic dialect: it goes to ANTHROPIC_UPSTREAM_URL."""
-    return "anthropic-version" in request.headers or request.path == "/v1/messages"
-
-
-def upstream_headers(request: web.Request, settings: Settings, *, identity: bool) -> CIMultiDict[str]:
+def upstream_headers(request: web.Request, settings: Settings, dialect: Dialect, *,
+                     identity: bool) -> CIMultiDict[str]:
     headers: CIMultiDict[str] = CIMultiDict()
     for name, value in request.headers.items():
         lower = name.lower()
         if lower in _NOT_FORWARDED_UP or lower.startswith("x-loopwarden-"):
             continue
         headers.add(name, value)
-    if is_anthropic(request):
-        if settings.anthropic_upstream_api_key:  # whichever auth style the client used, the key replaces it
-            headers.popall("Authorization", None)
-            headers["x-api-key"] = settings.anthropic_upstream_api_key
-    elif settings.upstream_api_key:
-        headers["Authorization"] = f"Bearer {settings.upstream_api_key}"
+    dialect.authorize(headers, settings)
     if identity:
         # The tap reads the bytes as they are; compressed SSE would need a second decode.
         headers["Accept-Encoding"] = "identity"
@@ -78,21 +69,6 @@ def client_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
         if name.lower() not in _NOT_FORWARDED_DOWN:
             headers.add(name, value)
     return headers
-
-
-def upstream_url(settings: Settings, raw_path_after_v1: str, raw_query: str = "", anthropic: bool = False) -> URL:
-    """The upstream URL for a path under /v1, with the path and query as the client encoded them: decoded and
-    encoded again, `%2F` or `%26` would change meaning, and `..` would be resolved."""
-    if anthropic:
-        base = anthropic_root(settings.anthropic_upstream_url) + "/v1"
-    else:
-        base = str(URL(settings.upstream_url)).rstrip("/")
-    return URL(base + raw_path_after_v1 + (f"?{raw_query}" if raw_query else ""), encoded=True)
-
-
-def anthropic_root(url: str) -> str:
-    """The Anthropic base URL without a trailing `/v1`: it is given either way, as ANTHROPIC_BASE_URL is."""
-    return str(URL(url)).rstrip("/").removesuffix("/v1")
 
 
 def climbs(raw_path: str) -> bool:

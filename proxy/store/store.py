@@ -17,13 +17,13 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from proxy.conversation import Chain, Message, from_record, to_record
 from proxy.detect.judge_policy import JudgeCheck
 from proxy.lru import LRU
 from proxy.store import rollup
 from proxy.store.database import create_engine, ping
 from proxy.store.models import Detection, JudgeCheckRow, ResponseRow, SessionRow
 from proxy.store.writer import LogWriter, utcnow
-from proxy.wire.chat import message_text, tool_calls
 
 log = logging.getLogger("loopwarden.store")
 POLL_EVERY = 1.0
@@ -38,40 +38,11 @@ PERSIST_WAIT = 1.0  # seconds an answer the service keeps may wait for its recor
 
 
 @dataclass(frozen=True)
-class Chain:
-    """What a chained Responses request continues: the conversation so far, as the proxy saw it sent."""
-
-    messages: list[dict]
-    last_id: str | None  # the response the request continues
-    session_id: str | None
-    conversation_id: str | None
-
-
-@dataclass(frozen=True)
 class StoredResponse:
     previous_id: str | None
     conversation_id: str | None
     session_id: str
     messages: list[dict]
-
-
-def _bounded(message: dict) -> dict:
-    """A message as stored: long texts keep their start (their verdicts are the same on every replica)."""
-    bounded = {"role": message.get("role"), "content": message_text(message)[:MAX_STORED_TEXT] or None}
-    for name in ("tool_call_id", "status", "is_error"):
-        if name in message:
-            bounded[name] = message[name]
-    calls = tool_calls(message)
-    if calls:
-        bounded["tool_calls"] = []
-        for call in calls:
-            function = call.get("function") if isinstance(call.get("function"), dict) else {}
-            arguments = function.get("arguments")
-            if isinstance(arguments, str):
-                arguments = arguments[:MAX_STORED_TEXT]
-            bounded["tool_calls"].append({"id": call.get("id"), "type": "function",
-                                          "function": {"name": function.get("name"), "arguments": arguments}})
-    return bounded
 
 
 @dataclass(frozen=True)
@@ -164,11 +135,13 @@ class Store:
     # -- Responses conversations the service keeps --------------------------------------------------------
 
     def record_response(self, tenant: str, response_id: str | None, previous_id: str | None,
-                        conversation_id: str | None, session_id: str, messages: list[dict]) -> None:
-        """A response the service keeps: what its request added and its answer, for requests that continue it."""
+                        conversation_id: str | None, session_id: str, messages: list[Message]) -> None:
+        """A response the service keeps: what its request added and its answer, for requests that continue it.
+        Long texts keep their start (their verdicts are the same on every replica)."""
         if not response_id:
             return
-        stored = StoredResponse(previous_id, conversation_id, session_id, [_bounded(m) for m in messages])
+        stored = StoredResponse(previous_id, conversation_id, session_id,
+                                [to_record(m, MAX_STORED_TEXT) for m in messages])
         self._responses.put((tenant, response_id), stored)
         if conversation_id:
             self._latest.put((tenant, conversation_id), response_id)
@@ -209,7 +182,7 @@ class Store:
             log.warning("could not read the conversation before response %s: %s", previous_id or conversation_id,
                         str(exc).splitlines()[0])
             return Chain([], previous_id, None, conversation_id)
-        messages = [message for stored in reversed(found) for message in stored.messages]
+        messages = [from_record(message) for stored in reversed(found) for message in stored.messages]
         session_id = found[-1].session_id if found else None
         return Chain(messages, start, session_id, conversation_id)
 

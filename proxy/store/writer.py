@@ -70,11 +70,14 @@ class LogWriter:
         self._abandon = False
         self._failing_since: float | None = None
         self._on_drop = on_drop
+        # Called (on the writer's thread) with the detections a batch inserted first: another replica, or a
+        # resent request, may have logged the same episode already, and then it is not called for it.
+        self.on_inserted = None
         self._drop_logged_at = float("-inf")
         dialect = self._dialect = make_url(database_url).get_backend_name()
         # What a batch inserted comes back (a duplicate episode inserts nothing) for the overview's counts.
         self._insert_detections = dialect_insert(dialect, Detection).on_conflict_do_nothing(
-            index_elements=["episode_key"]).returning(*rollup.COUNTED)
+            index_elements=["episode_key"]).returning(*rollup.COUNTED, Detection.episode_key)
         self._insert_checks = dialect_insert(dialect, JudgeCheckRow)
         self._insert_responses = dialect_insert(dialect, ResponseRow).on_conflict_do_nothing(
             index_elements=["tenant", "response_id"])
@@ -300,6 +303,9 @@ class LogWriter:
         finally:
             self._in_flight = 0
         self.written += len(rows)
+        if inserted and self.on_inserted is not None:
+            first = {row.episode_key for row in inserted}
+            self.on_inserted([values for values in detections if values["episode_key"] in first])
         log.debug("wrote %d log records and %d session sightings", len(rows), len(sessions))
         return len(rows) == BATCH or len(sessions) == BATCH
 

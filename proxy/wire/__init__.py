@@ -1,1 +1,32 @@
-"""The wire format, sans-IO: SSE parsing, stream assembly, error bodies."""
+"""The wire formats: one module per API dialect, each implementing `dialect.Dialect`, and the SSE parser.
+
+`relay_dialect` picks the dialect (and so the upstream) of a request on a path that is relayed unread.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from proxy.wire.chat import ChatDialect
+from proxy.wire.dialect import Dialect
+from proxy.wire.messages import MessagesDialect
+from proxy.wire.responses import ResponsesDialect
+
+# Dialects that claim requests by their headers, whatever their path.
+CLAIMING = (MessagesDialect(),)
+OPENAI = ChatDialect()
+RECORDED = (MessagesDialect(), ResponsesDialect(), OPENAI)  # asked in order which wrote a recorded body
+# The inspected routes and the dialect each speaks.
+ROUTES: dict[str, Dialect] = {"/v1/chat/completions": ChatDialect(), "/v1/responses": ResponsesDialect(),
+                              "/v1/messages": MessagesDialect()}
+
+
+def recorded_dialect(body: dict) -> Dialect | None:
+    """The dialect a recorded request body is written in (for replay), if any reads it."""
+    return next((dialect for dialect in RECORDED if dialect.wrote(body)), None)
+
+
+def relay_dialect(headers: Mapping[str, str], query: Mapping[str, str], default: Dialect = OPENAI) -> Dialect:
+    """The dialect whose upstream (and way of passing the key) a request takes: one that claims it by its
+    headers, else the one its path speaks, else the OpenAI upstream."""
+    return next((dialect for dialect in CLAIMING if dialect.claims(headers, query)), default)

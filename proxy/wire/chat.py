@@ -1,110 +1,100 @@
 """The Chat Completions dialect: requests, answers and stream chunks to and from the neutral conversation.
 
-The neutral conversation is chat-shaped: a list of `{"role", "content", "tool_calls"}` messages with
-`role: "tool"` results. Chat Completions speaks it already, so reading a request is taking its
-`messages`; the other dialects translate into it.
+Its messages are the neutral conversation's stored form already (`role`, `content`, `tool_calls`,
+`tool_call_id`), so reading a request is reading each message; a warning is one more message. Pure code,
+no I/O.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
-import orjson
+from multidict import CIMultiDict
+from yarl import URL
 
-from proxy.wire.errors import error_body
-
-
-@dataclass
-class Conversation:
-    """A request's conversation in neutral messages, and where a message inserted at a place goes.
-
-    `messages` may begin with history the request itself does not carry (a chained Responses request
-    continues what the service keeps): those first `own_start` messages can no longer be changed.
-    """
-
-    messages: list[dict]
-    own_start: int = 0
-    item_ends: list[int] = field(default_factory=list)  # per own message: the dialect's index just past it
-
-    def insert_index(self, place: int) -> int:
-        """Where, in the dialect's own list, something placed before neutral message `place` goes."""
-        own = place - self.own_start
-        if not self.item_ends:
-            return own
-        return self.item_ends[own - 1] if own > 0 else 0
+from proxy.conversation import ASSISTANT, Conversation, Message, ToolCall, from_record, insert_placed
+from proxy.wire.dialect import RequestError, join_url, positive_int, sse
+from proxy.wire.errors import error_body, sse_error_event
 
 
-class RequestError(ValueError):
-    """A request body the dialect cannot read; the message says which field and why."""
+class OpenAIDialect:
+    """What the OpenAI dialects share: the upstream, its bearer key, the error shape."""
 
-
-def message_text(message: dict) -> str:
-    """The plain text of a message whose content is a string or a list of parts."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part.get("text", "") for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
-        )
-    return ""
-
-
-def tool_calls(message: dict) -> list[dict]:
-    """A message's native tool calls (whatever else a client put in the field is not one)."""
-    calls = message.get("tool_calls")
-    return [call for call in calls if isinstance(call, dict)] if isinstance(calls, list) else []
-
-
-def sse(data: dict, event: str | None = None) -> bytes:
-    """One server-sent event."""
-    head = f"event: {event}\n".encode() if event else b""
-    return head + b"data: " + orjson.dumps(data) + b"\n\n"
-
-
-class ChatDialect:
-    name = "chat"
-    path = "/chat/completions"
+    provider = "openai"
 
     @staticmethod
-    def read(payload: dict, history: list[dict] | None = None) -> Conversation:
+    def claims(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
+        return False  # the default upstream: it takes what no other dialect claims
+
+    @staticmethod
+    def wrote(body: dict) -> bool:
+        return False
+
+    @staticmethod
+    def upstream_url(settings, raw_path: str, raw_query: str) -> URL:
+        """UPSTREAM_URL is the base of the `/v1` paths (its own path ends where `/v1` does)."""
+        return join_url(settings.upstream_url, raw_path.removeprefix("/v1"), raw_query)
+
+    @staticmethod
+    def authorize(headers: CIMultiDict[str], settings) -> None:
+        if settings.upstream_api_key:
+            headers["Authorization"] = f"Bearer {settings.upstream_api_key}"
+
+    error_body = staticmethod(error_body)
+    stream_error = staticmethod(sse_error_event)
+
+    @staticmethod
+    def chain_ids(payload: dict) -> tuple[str | None, str | None]:
+        return None, None
+
+    @staticmethod
+    def keeps_answer(payload: dict) -> bool:
+        return False
+
+    @staticmethod
+    def is_side_request(payload: dict) -> bool:
+        return False
+
+
+class ChatDialect(OpenAIDialect):
+    name = "chat"
+
+    @staticmethod
+    def wrote(body: dict) -> bool:
+        return "messages" in body
+
+    @staticmethod
+    def read(payload: dict, history: list[Message] | None = None) -> Conversation:
         """The request's messages: a chat request always carries its whole conversation (`history` unused)."""
         messages = payload.get("messages")
         if messages is None:
             return Conversation([])
         if not (isinstance(messages, list) and all(isinstance(m, dict) for m in messages)):
             raise RequestError("'messages' must be an array of objects")
-        return Conversation(messages)
+        return Conversation([from_record(m) for m in messages])
 
     @staticmethod
-    def with_messages(payload: dict, conversation: Conversation, inserted: list[tuple[int, dict]]) -> dict:
-        """The request with neutral messages inserted, each before the message at its place."""
-        messages = list(payload.get("messages") or ())
-        # From the last place back, so earlier places stay put; at one place, in the order given.
-        for place, message in reversed(sorted(inserted, key=lambda item: item[0])):
-            messages.insert(conversation.insert_index(place), message)
-        return {**payload, "messages": messages}
+    def with_warnings(payload: dict, conversation: Conversation, warnings: list[tuple[int, str, str]]) -> dict:
+        placed = [(place, {"role": role, "content": text}) for place, role, text in warnings]
+        return {**payload, "messages": insert_placed(payload.get("messages") or [], conversation, placed)}
 
     @staticmethod
-    def warning_message(role: str, text: str) -> dict:
-        return {"role": role, "content": text}
-
-    @staticmethod
-    def answer(body: dict) -> dict | None:
+    def answer(body: dict) -> Message | None:
         """Choice 0's message of a non-streamed `chat.completion`."""
         choices = body.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             message = choices[0].get("message")
-            return message if isinstance(message, dict) else None
+            return from_record({**message, "role": ASSISTANT}) if isinstance(message, dict) else None
         return None
 
     @staticmethod
     def stream() -> "ChatStream":
         return ChatStream()
 
-    error_body = staticmethod(error_body)  # the OpenAI shape
+    @staticmethod
+    def max_output_tokens(payload: dict) -> int | None:
+        return positive_int(payload.get("max_completion_tokens")) or positive_int(payload.get("max_tokens"))
 
 
 class ChatStream:
@@ -117,6 +107,10 @@ class ChatStream:
 
     __slots__ = ("_text", "_calls", "finish_reason", "usage", "model", "response_id")
     stop_is_cut = False  # the stop reached mid-stream ends with an error event
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
     def __init__(self) -> None:
         self._text: list[str] = []
@@ -168,11 +162,10 @@ class ChatStream:
     def text(self) -> str:
         return "".join(self._text)
 
-    def message(self) -> dict:
-        message: dict[str, Any] = {"role": "assistant", "content": self.text or None}
-        if self._calls:
-            message["tool_calls"] = [self._calls[i] for i in sorted(self._calls)]
-        return message
+    def message(self) -> Message:
+        calls = tuple(ToolCall(str(call["id"] or ""), call["function"]["name"], call["function"]["arguments"] or "")
+                      for call in (self._calls[i] for i in sorted(self._calls)))
+        return Message(ASSISTANT, self.text, calls)
 
     def cut_ending(self, marker: dict, notice: str | None) -> bytes:
         """The last chunks of a cut stream: the notice as one more text delta, a clean stop, `[DONE]`."""

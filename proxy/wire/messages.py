@@ -7,17 +7,23 @@ list of text blocks are the same result) and its `text` blocks a person's words,
 writes itself (Claude Code's `<system-reminder>` blocks, the proxy's own warnings), which starts no task.
 `thinking`, `redacted_thinking`, server-tool, image, document and unknown blocks are forwarded untouched and
 ignored for detection. A warning is a `text` block placed after the `tool_result` blocks that answer the loop's
-completing call. Pure code, no I/O.
+completing call. Requests go to ANTHROPIC_UPSTREAM_URL, as does every request carrying `anthropic-version`.
+Pure code, no I/O.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import orjson
+from multidict import CIMultiDict
+from yarl import URL
 
-from proxy.wire.chat import Conversation, RequestError, sse
+from proxy.conversation import ASSISTANT, SYSTEM, TOOL, USER, Anchor, Conversation, Message, Messages, ToolCall, \
+    arguments_text, insert_placed
+from proxy.wire.dialect import RequestError, join_url, positive_int, sse
 
+_ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})
 # Text a user message carries that an agent wrote, not a person: it never starts a task.
 _AGENT_TEXT = ("<system-reminder>", "[loopwarden] ")
 
@@ -39,16 +45,15 @@ def _blocks(message: dict) -> list:
     return content if isinstance(content, list) else []
 
 
-def tool_call(block: dict) -> dict:
+def tool_call(block: dict) -> ToolCall:
     """A `tool_use` block as a neutral tool call."""
     name = block.get("name")
     arguments = block.get("input")
-    return {"id": str(block.get("id") or ""), "type": "function",
-            "function": {"name": name if isinstance(name, str) else "",
-                         "arguments": arguments if isinstance(arguments, dict | list) else {}}}
+    return ToolCall(str(block.get("id") or ""), name if isinstance(name, str) else "",
+                    arguments_text(arguments if isinstance(arguments, dict | list) else {}))
 
 
-def assistant_message(blocks: list) -> dict:
+def assistant_message(blocks: list) -> Message:
     text = []
     calls = []
     for block in blocks:
@@ -58,103 +63,107 @@ def assistant_message(blocks: list) -> dict:
             text.append(block["text"])
         elif block.get("type") == "tool_use":
             calls.append(tool_call(block))
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
-    if calls:
-        message["tool_calls"] = calls
-    return message
+    return Message(ASSISTANT, "".join(text), tuple(calls))
 
 
-def _user_messages(index: int, blocks: list) -> tuple[list[dict], list[tuple[int, int]]]:
-    """One user message's blocks as neutral messages (tool results, agent text, a person's words), and per
-    neutral message where, in the request, something placed after it goes: (message, block) just past it."""
-    messages: list[dict] = []
-    ends: list[tuple[int, int]] = []
+def _read_user(index: int, blocks: list, into: Messages) -> None:
+    """One user message's blocks as neutral messages (tool results, agent text, a person's words), each anchored
+    just past its block in the request."""
+    person = False  # the last neutral message is a person's words, which further text blocks join
     for position, block in enumerate(blocks):
         if not isinstance(block, dict):
             continue
         kind = block.get("type")
+        anchor = Anchor(index, position + 1)
         if kind == "tool_result":
-            messages.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""),
-                             "content": _text_of(block.get("content")), "is_error": block.get("is_error") is True})
+            into.add(Message(TOOL, _text_of(block.get("content")), call_id=str(block.get("tool_use_id") or ""),
+                             failed=block.get("is_error") is True), anchor)
+            person = False
         elif kind == "text" and isinstance(block.get("text"), str):
             text = block["text"]
             if text.lstrip().startswith(_AGENT_TEXT):
-                messages.append({"role": "system", "content": text})  # read by no rule, starts nothing
-            elif messages and messages[-1]["role"] == "user":
-                messages[-1]["content"] += "\n" + text  # one person's words, in several blocks
-                ends[-1] = (index, position + 1)
-                continue
+                into.add(Message(SYSTEM, text), anchor)  # read by no rule, starts nothing
+                person = False
+            elif person:
+                into.messages[-1] = Message(USER, into.messages[-1].text + "\n" + text)  # several blocks
+                into.anchors[-1] = anchor
             else:
-                messages.append({"role": "user", "content": text})
-        else:
-            continue  # images, documents, server-tool results: not part of the conversation the rules read
-        ends.append((index, position + 1))
-    return messages, ends
+                into.add(Message(USER, text), anchor)
+                person = True
+        # images, documents, server-tool results: not part of the conversation the rules read
 
 
-def conversation_of(payload: dict) -> Conversation:
-    """The request's conversation: its system prompt, then its messages' blocks as neutral messages."""
-    raw = payload.get("messages")
-    if raw is None:
-        raw = []
-    if not (isinstance(raw, list) and all(isinstance(m, dict) for m in raw)):
-        raise RequestError("'messages' must be an array of objects")
-    system = payload.get("system")
-    if system is not None and not isinstance(system, str | list):
-        raise RequestError("'system' must be a string or an array of text blocks")
-    messages: list[dict] = []
-    ends: list[tuple[int, int]] = []
-    text = _text_of(system)
-    if text:
-        messages.append({"role": "system", "content": text})
-        ends.append((0, -1))  # nothing is ever placed after the system prompt
-    for index, message in enumerate(raw):
-        role = message.get("role")
-        if role == "assistant":
-            messages.append(assistant_message(_blocks(message)))
-            ends.append((index + 1, -1))
-        elif role == "user":
-            own, own_ends = _user_messages(index, _blocks(message))
-            messages += own
-            ends += own_ends
-        else:  # Claude Code's `role: "system"` notices: agent-written, read by no rule
-            messages.append({"role": "system", "content": _text_of(message.get("content"))})
-            ends.append((index + 1, -1))
-    return Conversation(messages, 0, ends)  # type: ignore[arg-type]
+def anthropic_root(url: str) -> str:
+    """The Anthropic base URL without a trailing `/v1`: it is given either way, as ANTHROPIC_BASE_URL is."""
+    return str(URL(url)).rstrip("/").removesuffix("/v1")
 
 
 class MessagesDialect:
     name = "messages"
-    path = "/messages"
+    provider = "anthropic"
 
     @staticmethod
-    def read(payload: dict, history: list[dict] | None = None) -> Conversation:
-        return conversation_of(payload)
+    def claims(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
+        return "anthropic-version" in headers
 
     @staticmethod
-    def with_messages(payload: dict, conversation: Conversation, inserted: list[tuple[int, dict]]) -> dict:
-        """The request with blocks inserted, each just past the blocks of the neutral message before its place:
-        inside the user message that holds them, or as a user message of its own after an assistant turn."""
-        messages = list(payload.get("messages") or ())
-        copied: set[int] = set()
-        # From the last place back, so earlier places stay put; at one place, in the order given.
-        for place, block in reversed(sorted(inserted, key=lambda item: item[0])):
-            index, position = conversation.item_ends[place - 1]
-            if position < 0:
-                messages.insert(index, {"role": "user", "content": [block]})
-                continue
-            if index not in copied:
-                messages[index] = {**messages[index], "content": list(_blocks(messages[index]))}
-                copied.add(index)
-            messages[index]["content"].insert(position, block)
-        return {**payload, "messages": messages}
+    def wrote(body: dict) -> bool:
+        """A top-level `system`, or the blocks only Messages has."""
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return False
+        return "system" in body or any(
+            isinstance(block, dict) and block.get("type") in _ANTHROPIC_BLOCKS
+            for message in messages if isinstance(message, dict) and isinstance(message.get("content"), list)
+            for block in message["content"])
 
     @staticmethod
-    def warning_message(role: str, text: str) -> dict:
-        return {"type": "text", "text": text}  # a block in the user message: Messages has no late system turn
+    def upstream_url(settings, raw_path: str, raw_query: str) -> URL:
+        return join_url(anthropic_root(settings.anthropic_upstream_url), raw_path, raw_query)
 
     @staticmethod
-    def answer(body: dict) -> dict | None:
+    def authorize(headers: CIMultiDict[str], settings) -> None:
+        if settings.anthropic_upstream_api_key:  # whichever auth style the client used, the key replaces it
+            headers.popall("Authorization", None)
+            headers["x-api-key"] = settings.anthropic_upstream_api_key
+
+    @staticmethod
+    def read(payload: dict, history: list[Message] | None = None) -> Conversation:
+        """Its system prompt, then its messages' blocks as neutral messages."""
+        raw = payload.get("messages")
+        if raw is None:
+            raw = []
+        if not (isinstance(raw, list) and all(isinstance(m, dict) for m in raw)):
+            raise RequestError("'messages' must be an array of objects")
+        system = payload.get("system")
+        if system is not None and not isinstance(system, str | list):
+            raise RequestError("'system' must be a string or an array of text blocks")
+        read = Messages()
+        text = _text_of(system)
+        if text:
+            read.add(Message(SYSTEM, text), Anchor(0))  # nothing is ever placed after the system prompt
+        for index, message in enumerate(raw):
+            role = message.get("role")
+            if role == ASSISTANT:
+                read.add(assistant_message(_blocks(message)), Anchor(index + 1))
+            elif role == USER:
+                _read_user(index, _blocks(message), read)
+            else:  # Claude Code's `role: "system"` notices: agent-written, read by no rule
+                read.add(Message(SYSTEM, _text_of(message.get("content"))), Anchor(index + 1))
+        return Conversation(read.messages, 0, read.anchors)
+
+    @staticmethod
+    def with_warnings(payload: dict, conversation: Conversation, warnings: list[tuple[int, str, str]]) -> dict:
+        """The request with text blocks inserted, each just past the blocks of the neutral message before its
+        place: inside the user message that holds them, or as a user message of its own after an assistant
+        turn. (Messages has no late system turn: the role is not used.)"""
+        placed = [(place, {"type": "text", "text": text}) for place, _, text in warnings]
+        return {**payload, "messages": insert_placed(
+            payload.get("messages") or [], conversation, placed, parts_of=_blocks, parts_key="content",
+            as_item=lambda block: {"role": "user", "content": [block]})}
+
+    @staticmethod
+    def answer(body: dict) -> Message | None:
         content = body.get("content")
         return assistant_message(content) if isinstance(content, list) else None
 
@@ -167,6 +176,28 @@ class MessagesDialect:
         """An error in Anthropic's shape, which its SDKs raise with `type` and `message`."""
         return orjson.dumps({"type": "error", "error": {"type": type_, "message": message}})
 
+    @classmethod
+    def stream_error(cls, message: str, type_: str, code: str | None = None) -> bytes:
+        """An `error` event, which the Anthropic SDKs raise as their API error."""
+        return b"event: error\ndata: " + cls.error_body(message, type_, code) + b"\n\n"
+
+    @staticmethod
+    def max_output_tokens(payload: dict) -> int | None:
+        return positive_int(payload.get("max_tokens"))
+
+    @staticmethod
+    def chain_ids(payload: dict) -> tuple[str | None, str | None]:
+        return None, None
+
+    @staticmethod
+    def keeps_answer(payload: dict) -> bool:
+        return False
+
+    @staticmethod
+    def is_side_request(payload: dict) -> bool:
+        """Claude Code's side requests (a title) carry no tools."""
+        return not payload.get("tools")
+
 
 class MessagesStream:
     """Follows `message_start`, `content_block_*` and `message_delta` events: the text as it streams, calls as
@@ -176,7 +207,12 @@ class MessagesStream:
 
     stop_is_cut = True
 
+    @property
+    def finished(self) -> bool:
+        return self._stopped
+
     def __init__(self) -> None:
+        self._stopped = False
         self.message_start: dict = {}
         self._blocks: dict[int, dict] = {}  # index -> block so far (tool_use input as JSON text in `partial`)
         self._text: list[str] = []
@@ -236,7 +272,9 @@ class MessagesStream:
             if data.get("index") == self._open:
                 self._open = None
             return "", False
-        if kind == "message_start" and isinstance(data.get("message"), dict):
+        if kind == "message_stop":
+            self._stopped = True
+        elif kind == "message_start" and isinstance(data.get("message"), dict):
             self.message_start = data["message"]
         elif kind == "message_delta":
             usage = data.get("usage")
@@ -244,7 +282,7 @@ class MessagesStream:
                 self.output_tokens = usage["output_tokens"]
         return "", False
 
-    def message(self) -> dict:
+    def message(self) -> Message:
         blocks = []
         for index in sorted(self._blocks):
             block = self._blocks[index]

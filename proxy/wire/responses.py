@@ -4,7 +4,8 @@ to and from the neutral conversation.
 `instructions` is the system prompt. A `message` item is a message; `function_call`, `custom_tool_call`
 and `local_shell_call` items are the assistant's tool calls (consecutive ones make one turn), answered
 by their `*_output` items, which become tool results. `reasoning`, `item_reference` and every other item
-type are forwarded untouched and ignored for detection. Pure code, no I/O.
+type are forwarded untouched and ignored for detection. A conversation continued with
+`previous_response_id` or a `conversation` id is one the service keeps. Pure code, no I/O.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from proxy.wire.chat import Conversation, RequestError, message_text, sse
-from proxy.wire.errors import error_body
+from proxy.conversation import ASSISTANT, TOOL, USER, Anchor, Conversation, Message, Messages, ToolCall, \
+    arguments_text, insert_placed, text_of
+from proxy.wire.chat import OpenAIDialect
+from proxy.wire.dialect import RequestError, positive_int, sse
 
 CALL_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell_call"})
 OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output", "local_shell_call_output"})
@@ -23,7 +26,7 @@ def _call_id(item: dict) -> str:
     return str(item.get("call_id") or item.get("id") or "")
 
 
-def tool_call(item: dict) -> dict:
+def tool_call(item: dict) -> ToolCall:
     """A call item as a neutral tool call."""
     kind = item.get("type")
     if kind == "custom_tool_call":
@@ -33,27 +36,20 @@ def tool_call(item: dict) -> dict:
     else:
         name, arguments = item.get("name"), item.get("arguments")
     if not isinstance(arguments, str):
-        arguments = arguments if isinstance(arguments, dict | list) else ""
-    return {"id": _call_id(item), "type": "function",
-            "function": {"name": name if isinstance(name, str) else "", "arguments": arguments}}
+        arguments = arguments_text(arguments) if isinstance(arguments, dict | list) else ""
+    return ToolCall(_call_id(item), name if isinstance(name, str) else "", arguments)
 
 
 def _output_text(output: Any) -> str:
-    if isinstance(output, str):
-        return output
-    if isinstance(output, list):
-        return "".join(p.get("text", "") for p in output if isinstance(p, dict) and isinstance(p.get("text"), str))
     if isinstance(output, dict) and isinstance(output.get("output"), str):
         return output["output"]
-    return ""
+    return text_of(output)
 
 
-def items_to_messages(items: list, first_index: int = 0) -> tuple[list[dict], list[int]]:
-    """Input or output items as neutral messages, and per message the item index just past it."""
-    messages: list[dict] = []
-    ends: list[int] = []
+def read_items(items: list, into: Messages) -> None:
+    """Input items as neutral messages, each anchored just past its last item."""
     turn_open = False  # the last message is an assistant turn that further call items join
-    for index, item in enumerate(items, start=first_index):
+    for index, item in enumerate(items):
         if not isinstance(item, dict):
             continue
         kind = item.get("type", "message" if "role" in item else None)
@@ -61,102 +57,99 @@ def items_to_messages(items: list, first_index: int = 0) -> tuple[list[dict], li
             continue  # not an item the service would take; forwarded, and its answer says so
         if kind == "message":
             role = item.get("role")
-            message = {"role": role if isinstance(role, str) else "user", "content": message_text(item)}
-            messages.append(message)
-            ends.append(index + 1)
-            turn_open = message["role"] == "assistant"
+            message = Message(role if isinstance(role, str) else USER, text_of(item.get("content")))
+            into.add(message, Anchor(index + 1))
+            turn_open = message.role == ASSISTANT
         elif kind in CALL_TYPES:
             if turn_open:
-                messages[-1].setdefault("tool_calls", []).append(tool_call(item))
-                ends[-1] = index + 1
+                last = into.messages[-1]
+                into.messages[-1] = Message(ASSISTANT, last.text, last.calls + (tool_call(item),))
+                into.anchors[-1] = Anchor(index + 1)
             else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [tool_call(item)]})
-                ends.append(index + 1)
+                into.add(Message(ASSISTANT, calls=(tool_call(item),)), Anchor(index + 1))
                 turn_open = True
         elif kind in OUTPUT_TYPES:
-            messages.append({"role": "tool", "tool_call_id": _call_id(item), "content": _output_text(item.get("output"))})
-            ends.append(index + 1)
+            into.add(Message(TOOL, _output_text(item.get("output")), call_id=_call_id(item)), Anchor(index + 1))
             turn_open = False
         # reasoning, item_reference and the rest: not part of the conversation the rules read
-    return messages, ends
 
 
-def conversation_of(payload: dict, history: list[dict] | None = None) -> Conversation:
-    """The request's conversation: its instructions (the system prompt), what the chain before it held
-    (`history`), then its own input items. Only the input items are the request's own: they are what a
-    warning can be inserted among, and what the service will keep."""
-    instructions = payload.get("instructions")
-    raw_input = payload.get("input")
-    messages: list[dict] = []
-    if isinstance(instructions, str) and instructions:
-        messages.append({"role": "system", "content": instructions})
-    messages += history or []
-    own_start = len(messages)
-    if isinstance(raw_input, str):
-        messages.append({"role": "user", "content": raw_input})
-        ends = [1]
-    elif isinstance(raw_input, list):
-        own, ends = items_to_messages(raw_input)
-        messages += own
-    elif raw_input is None:
-        ends = []
-    else:
-        raise RequestError("'input' must be a string or an array of items")
-    return Conversation(messages, own_start, ends)
+def _id(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("id")
+    return value if isinstance(value, str) and value else None
 
 
-class ResponsesDialect:
+class ResponsesDialect(OpenAIDialect):
     name = "responses"
-    path = "/responses"
 
     @staticmethod
-    def read(payload: dict, history: list[dict] | None = None) -> Conversation:
-        return conversation_of(payload, history)
+    def wrote(body: dict) -> bool:
+        return "input" in body and "messages" not in body
 
     @staticmethod
-    def with_messages(payload: dict, conversation: Conversation, inserted: list[tuple[int, dict]]) -> dict:
+    def read(payload: dict, history: list[Message] | None = None) -> Conversation:
+        """Its instructions (the system prompt), what the chain before it held (`history`), then its own input
+        items. Only the input items are the request's own: they are what a warning can be inserted among, and
+        what the service will keep."""
+        instructions = payload.get("instructions")
+        raw_input = payload.get("input")
+        own = Messages()
+        if isinstance(instructions, str) and instructions:
+            own.messages.append(Message("system", instructions))
+        own.messages += history or []
+        own_start = len(own.messages)
+        if isinstance(raw_input, str):
+            own.add(Message(USER, raw_input), Anchor(1))
+        elif isinstance(raw_input, list):
+            read_items(raw_input, own)
+        elif raw_input is not None:
+            raise RequestError("'input' must be a string or an array of items")
+        return Conversation(own.messages, own_start, own.anchors)
+
+    @staticmethod
+    def with_warnings(payload: dict, conversation: Conversation, warnings: list[tuple[int, str, str]]) -> dict:
         """The request with message items inserted, each after the items of the message before its place."""
         raw_input = payload.get("input")
         items = [{"type": "message", "role": "user", "content": raw_input}] if isinstance(raw_input, str) \
-            else list(raw_input or ())
-        # From the last place back, so earlier places stay put; at one place, in the order given.
-        for place, message in reversed(sorted(inserted, key=lambda item: item[0])):
-            items.insert(conversation.insert_index(place), message)
-        return {**payload, "input": items}
+            else raw_input or []
+        placed = [(place, {"type": "message", "role": role, "content": text}) for place, role, text in warnings]
+        return {**payload, "input": insert_placed(items, conversation, placed)}
 
     @staticmethod
-    def warning_message(role: str, text: str) -> dict:
-        return {"type": "message", "role": role, "content": text}
-
-    @staticmethod
-    def answer(body: dict) -> dict | None:
+    def answer(body: dict) -> Message | None:
         """The assistant's turn in a JSON `response`: its output items as one neutral message."""
         output = body.get("output")
-        if not isinstance(output, list):
-            return None
-        return assistant_message(output)
+        return assistant_message(output) if isinstance(output, list) else None
 
     @staticmethod
     def stream() -> "ResponsesStream":
         return ResponsesStream()
 
-    error_body = staticmethod(error_body)  # the OpenAI shape
+    @staticmethod
+    def max_output_tokens(payload: dict) -> int | None:
+        return positive_int(payload.get("max_output_tokens"))
+
+    @staticmethod
+    def chain_ids(payload: dict) -> tuple[str | None, str | None]:
+        return _id(payload.get("previous_response_id")), _id(payload.get("conversation"))
+
+    @staticmethod
+    def keeps_answer(payload: dict) -> bool:
+        return payload.get("store") is not False
 
 
-def assistant_message(output: list) -> dict:
+def assistant_message(output: list) -> Message:
     text = []
     calls = []
     for item in output:
         if not isinstance(item, dict):
             continue
         if item.get("type") == "message":
-            text.append(message_text(item))
+            text.append(text_of(item.get("content")))
         elif item.get("type") in CALL_TYPES:
             calls.append(tool_call(item))
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
-    if calls:
-        message["tool_calls"] = calls
-    return message
+    return Message(ASSISTANT, "".join(text), tuple(calls))
 
 
 class ResponsesStream:
@@ -234,7 +227,7 @@ class ResponsesStream:
                     self._final = response["output"]
         return "", False
 
-    def message(self) -> dict:
+    def message(self) -> Message:
         output = self._final if self._final is not None else [self._done_items[i] for i in sorted(self._done_items)]
         return assistant_message(output)
 

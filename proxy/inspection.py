@@ -1,0 +1,425 @@
+"""The inspection step: one request in, its verdict out, without I/O.
+
+Headers, the parsed payload, its dialect and the stored facts (operator controls, judge verdicts, the
+conversation a chained request continues) go in; out comes either `Stop` (the answer to give instead of
+calling upstream) or `Forward` (the body to send, the headers to add to the answer, and the `Tap` that reads
+the upstream's answer on its way back and may cut it). Everything learned goes to an `EpisodeSink`; the
+answers the service keeps go to a `keep` callback. The aiohttp handler is a thin adapter around this.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol
+
+import orjson
+
+from proxy.config import Settings
+from proxy.conversation import SYSTEM, USER, Chain, Conversation, Message, RequestError
+from proxy.detect.engine import (
+    Decision,
+    DetectConfig,
+    Episode,
+    FoldCache,
+    ResponseWatcher,
+    TaskState,
+    analyze,
+    answer_action,
+    episodes,
+)
+from proxy.detect.judge_policy import JudgeCheck, check_due
+from proxy.detect.normalize import digest
+from proxy.detect.text_steps import task_text
+from proxy.detect.texts import cut_notice, stop_text, warning_text
+from proxy.lru import LRU
+from proxy.wire.dialect import Dialect, StreamAssembler
+from proxy.wire.errors import error_object
+from proxy.wire.sse import SSEParser
+
+# Read in this order; the README lists them with the agents that send them.
+SESSION_HEADERS = ("X-Loopwarden-Session", "X-Session-Id", "X-Claude-Code-Session-Id", "session_id", "session-id",
+                   "thread-id", "X-Session-Affinity", "Helicone-Session-Id", "X-Litellm-Session-Id")
+# Agents whose side requests share the session header of their main conversation.
+SIDE_SPLIT_HEADERS = frozenset({"X-Claude-Code-Session-Id"})
+CACHED_SESSIONS = 4096
+MODEL_POLICIES = 256  # models whose settings are kept resolved
+DEFAULT_COMPLETION_TOKENS = 4096
+
+
+def client_key(headers: Mapping[str, str]) -> str:
+    auth = headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return (headers.get("x-api-key") or headers.get("api-key") or headers.get("x-goog-api-key") or "").strip()
+
+
+@functools.lru_cache(maxsize=4096)
+def tenant_of(key: str) -> str:
+    """A short, one-way name for a client key: the key itself is never stored or logged."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def session_of(headers: Mapping[str, str], messages: list[Message], tenant: str, chain: Chain | None = None,
+               side: bool = False) -> str:
+    """The session's id: a header, else the conversation of the chain the request continues or its session,
+    else a fingerprint of the key and how the conversation began. State is kept per (tenant, id), never per id
+    alone. Claude Code's subagents and an agent's side requests share its session header but are
+    conversations of their own."""
+    for header in SESSION_HEADERS:
+        value = headers.get(header, "").strip()
+        if value:
+            agent = headers.get("x-claude-code-agent-id", "").strip()
+            if agent:
+                value = f"{value}/agent-{agent}"
+            elif side and header in SIDE_SPLIT_HEADERS:
+                value += "/side"
+            return value[:256]
+    if chain is not None and chain.conversation_id:
+        return _printable(chain.conversation_id)[:256]
+    if chain is not None and chain.session_id:
+        return chain.session_id
+    system = next((m.text for m in messages if m.role in (SYSTEM, "developer")), "")
+    first_user = task_text(next((m.text for m in messages if m.role == USER), ""))
+    return "fp-" + digest(f"{tenant}\x00{system}\x00{first_user}").hex()[:16]
+
+
+@dataclass(frozen=True)
+class Context:
+    """Whose an episode is: the proxy logs it under these."""
+
+    tenant: str
+    session_id: str
+    task: str
+    model: str | None
+    api: str
+    enforced: bool = True
+    span: Any = None  # the request's trace span, when tracing is on
+
+
+class EpisodeSink(Protocol):
+    """Where episodes go: the log, alerts, telemetry and metrics."""
+
+    def episode(self, context: Context, episode: Episode, action: str, request_id: str | None,
+                tokens_saved: int, served_by: str | None = None) -> None: ...
+
+    def recovery(self, context: Context, episode: Episode) -> None: ...
+
+
+class Facts(Protocol):
+    """The stored facts a verdict needs, beyond the conversation (kept in memory: never waited on), and where
+    a session's sightings go."""
+
+    def controls(self, tenant: str, session_id: str) -> Any: ...  # .disabled, .reset_at_message
+
+    def judge_checks(self, tenant: str, session_id: str, task: str) -> list[JudgeCheck]: ...
+
+    def session_seen(self, tenant: str, session_id: str, message_count: int, model: str | None) -> None: ...
+
+
+@dataclass
+class Incoming:
+    headers: Mapping[str, str]
+    raw: bytes
+    payload: dict
+    dialect: Dialect
+    chain: Chain | None = None  # what a request continuing a conversation the service keeps continues
+
+
+@dataclass
+class JudgeDue:
+    """A judge check the request made due: started once the request has been forwarded."""
+
+    key: tuple[str, str]
+    context: Context
+    task: str
+    turn: int
+    task_start: int
+    messages: list[Message]
+    client_key: str
+
+
+@dataclass
+class Stop:
+    episode: Episode
+    body: bytes
+    headers: dict[str, str]
+    status: int = 400
+
+
+@dataclass
+class Forward:
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)  # added to the answer
+    tap: "Tap | None" = None  # None: the answer is relayed unread
+    judge: JudgeDue | None = None
+
+
+class Inspector:
+    """Per-process inspection state: the fold caches and the settings resolved per model."""
+
+    def __init__(self, settings: Settings, facts: Facts | None, sink: EpisodeSink, judging: bool = False,
+                 keep: Callable[..., None] | None = None, is_judge: Callable[[Mapping[str, str]], bool] = None) -> None:
+        self.settings = settings
+        self.config = DetectConfig.from_settings(settings)
+        self.facts = facts
+        self.sink = sink
+        self.judging = judging  # a judge can be asked
+        self.keep = keep  # records an answer the service keeps: keep(tenant, response_id, previous, conversation,
+        #                   session, messages)
+        self.is_judge = is_judge or (lambda headers: False)
+        self._folds: LRU = LRU(CACHED_SESSIONS)
+        self._message_counts: LRU = LRU(CACHED_SESSIONS)
+        self._per_model: LRU = LRU(MODEL_POLICIES)
+
+    def known_message_counts(self) -> dict:
+        return dict(self._message_counts)
+
+    def inspect(self, incoming: Incoming, span: Any = None) -> Stop | Forward:
+        """The verdict on one request. Raises the dialect's RequestError for a body it cannot read."""
+        headers, payload, dialect, chain = incoming.headers, incoming.payload, incoming.dialect, incoming.chain
+        if self.is_judge(headers):
+            return Forward(incoming.raw)  # the judge's own request: not a session's turn
+        conversation: Conversation = dialect.read(payload, chain.messages if chain is not None else None)
+        messages = conversation.messages
+        key_of_client = client_key(headers)
+        tenant = tenant_of(key_of_client)
+        session_id = session_of(headers, messages, tenant, chain, dialect.is_side_request(payload))
+        answer_headers = {"X-Loopwarden-Session": session_id}
+        model = payload.get("model") if isinstance(payload.get("model"), str) else None
+        key = (tenant, session_id)
+        self._message_counts.put(key, len(messages))
+        facts = self.facts
+        if facts is not None:
+            facts.session_seen(tenant, session_id, len(messages), model)
+        controls = facts.controls(tenant, session_id) if facts is not None else None
+        if headers.get("X-Loopwarden-Disable", "").strip() in ("1", "true", "yes") or (
+                controls is not None and controls.disabled):
+            return Forward(incoming.raw, answer_headers)
+        modes = {mode.strip().lower() for mode in headers.get("X-Loopwarden-Mode", "").split(",")}
+        plan_mode = "plan" in modes
+        settings, config = self._settings_for(model)
+        observe = "observe" in modes or settings.mode == "observe"
+
+        state, cache = analyze(config, messages, controls.reset_at_message if controls else 0, self._folds.get(key))
+        self._folds.put(key, cache)
+        checks = facts.judge_checks(tenant, session_id, state.key) if facts is not None else []
+        decision = Decision(episodes(config, state, plan_mode=plan_mode, judge_checks=checks))
+        context = Context(tenant, session_id, state.key, model, dialect.name, not observe, span)
+
+        stop = decision.stop
+        if stop is not None:
+            # A stop saves at least the request it refused (or, observed, would have refused).
+            self.sink.episode(context, stop, "stopped", None, len(incoming.raw) // 4)
+            if not observe:
+                return Stop(stop, dialect.error_body(stop_text(stop), "loop_detected", "loop_detected"),
+                            {**answer_headers, "X-Loopwarden-Loop": stop.type, "x-should-retry": "false"})
+
+        body = incoming.raw
+        warnings = decision.warnings
+        # A warning is re-created at its place in every request; where the service keeps the conversation
+        # (a chained request), the ones already sent are in it, and only new ones are added. Observe mode adds
+        # none: the request goes on as the client sent it.
+        inserted = [] if observe else [(e.place, settings.warning_role, warning_text(e)) for e in warnings
+                                       if e.place >= conversation.own_start]
+        if inserted:
+            body = orjson.dumps(dialect.with_warnings(payload, conversation, inserted))
+        if observe and (stop is not None or warnings):
+            answer_headers["X-Loopwarden-Observed"] = f"stop {stop.type}" if stop is not None else \
+                f"{warnings[-1].number}/{warnings[-1].limit} {warnings[-1].type}"
+        elif warnings:
+            answer_headers["X-Loopwarden-Warning"] = \
+                f"{warnings[-1].number}/{warnings[-1].limit} {warnings[-1].type}"
+        watcher = ResponseWatcher(config, _detached(state, cache), decision, len(messages), plan_mode)
+        keep = None
+        if self.keep is not None and dialect.keeps_answer(payload):
+            # The service keeps this answer: remember the conversation as sent, for requests that continue it.
+            sent = _with_warnings(messages, inserted)[conversation.own_start:]
+            conversation_id = chain.conversation_id if chain is not None else dialect.chain_ids(payload)[1]
+            previous = chain.last_id if chain is not None else None
+            record = self.keep
+            keep = lambda answer, response_id: record(  # noqa: E731
+                tenant, response_id, previous, conversation_id, session_id, sent + [answer])
+        tap = Tap(dialect.stream(), dialect.answer, self.sink, context, watcher,
+                  dialect.max_output_tokens(payload) or DEFAULT_COMPLETION_TOKENS,
+                  # Recovery is measured only on warnings the model was given.
+                  warned=warnings[-1] if warnings and not observe else None,
+                  # After an observed would-be stop, the task logs nothing more.
+                  deliver=decision.logged() if stop is None else [],
+                  keep=keep, cut_notice=settings.cut_notice, observe=observe)
+        judge = None
+        if self.judging and settings.llm_check and model and \
+                check_due(state.turns, settings.llm_check_after_turns, checks):
+            judge = JudgeDue(key, context, state.key, state.turns, state.start, messages, key_of_client)
+        return Forward(body, answer_headers, tap, judge)
+
+    def _settings_for(self, model: str | None) -> tuple[Settings, DetectConfig]:
+        """The settings and detection config in force for a model (its policy over the settings)."""
+        found = self._per_model.get(model)
+        if found is None:
+            settings = self.settings.for_model(model)
+            config = self.config if settings is self.settings else DetectConfig.from_settings(settings)
+            found = (settings, config)
+            self._per_model.put(model, found)
+        return found
+
+
+class Tap:
+    """Reads a copy of the upstream's answer (never re-encoding it) and feeds the engine: cuts a chanting
+    stream, and logs what the answer completes. Sans-IO: bytes and parsed answers in, cut decisions out."""
+
+    def __init__(self, assembler: StreamAssembler, read_answer: Callable[[dict], Message | None], sink: EpisodeSink,
+                 context: Context, watcher: ResponseWatcher, max_completion: int, *, warned: Episode | None,
+                 deliver: list[tuple[Episode, str]], keep: Callable[[Message, str | None], None] | None,
+                 cut_notice: bool, observe: bool) -> None:
+        self._assembler = assembler
+        self._read_answer = read_answer
+        self._sink = sink
+        self.context = context
+        self._watcher = watcher
+        self._max_completion = max_completion
+        self._warned = warned  # the latest warning this request carries: did the model move on from it?
+        self._deliver = deliver  # what the request logs once it reaches the model
+        self._keep = keep  # the whole answer, for a conversation the service keeps
+        self._cut_notice = cut_notice
+        self._observe = observe  # find and log a chant, but let the stream run on
+        self._parser = SSEParser()
+        self.request_id: str | None = None
+        self.persist_pending = False  # an answer the service keeps was recorded: write it before the last byte
+
+    @property
+    def keeps_answer(self) -> bool:
+        return self._keep is not None
+
+    def delivered(self, status: int, request_id: str | None) -> None:
+        """The upstream answered: with a 200, the model has this request's warnings."""
+        self.request_id = request_id
+        if status == 200:
+            for episode, action in self._deliver:
+                self._sink.episode(self.context, episode, action, request_id, 0)
+        self._deliver = []
+
+    def feed(self, chunk: bytes) -> tuple[int, bytes] | None:
+        """Read a copy of upstream bytes. When the stream must end here: how much of `chunk` to forward (up to
+        the end of the event that completed the loop), and the bytes that end the stream."""
+        assembler = self._assembler
+        event_start = 0 if self._parser.at_boundary else -1  # -1: the first event began in an earlier read
+        for event in self._parser.feed(chunk):
+            start, event_start = event_start, event.end
+            if event.data == b"[DONE]":
+                continue
+            try:
+                data = orjson.loads(event.data)
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(data, dict):
+                continue
+            try:
+                text, call_started = assembler.add(data, event.event)
+            except (TypeError, AttributeError, KeyError, ValueError):
+                continue  # an event of a shape its API does not have: passed on as it came, not read
+            if text:
+                found = self._watcher.text(text)
+                if found is not None and not self._observed_only(found):
+                    return event.end, self._ending(found)  # the delta that completed the chant is the last
+            if call_started:
+                found = self._watcher.tool_call_started()
+                if found is not None and not self._observed_only(found):
+                    # The text before this call chanted: end before the call, unless it began earlier.
+                    return (start if start >= 0 else event.end), self._ending(found)
+        if self._keep is not None and assembler.finished:
+            # The answer is complete: record it now, so it is written before its last event goes out.
+            self._record(assembler.message(), assembler.response_id)
+        return None
+
+    def _saved(self) -> int:
+        return max(0, self._max_completion - len(self._assembler.text) // 4)
+
+    def _observed_only(self, episode: Episode) -> bool:
+        """In observe mode a chant is logged where it would have been cut, and the stream goes on."""
+        if not self._observe:
+            return False
+        action = answer_action(episode)
+        if action is not None:
+            self._sink.episode(self.context, episode, action, self.request_id, self._saved())
+        return True
+
+    def _ending(self, episode: Episode) -> bytes:
+        """Count the episode and build the stream's last bytes: the notice and a clean stop, or the stop's error
+        (in a dialect whose clients resume after an error event, the stop ends as a cut does, and the next
+        request is refused)."""
+        assembler = self._assembler
+        saved = self._saved()
+        if episode.is_stop and not assembler.stop_is_cut:
+            self._sink.episode(self.context, episode, "stopped", self.request_id, saved)
+            return assembler.stop_ending(error_object(stop_text(episode), "loop_detected", "loop_detected"))
+        notice = cut_notice(episode) if self._cut_notice else None
+        action = "stopped" if episode.is_stop else "cut"
+        # With the notice, later requests show the cut was served (and logged) here: the row is this response's.
+        # A stop is one row however it was served: the next request, refused, finds the same key.
+        self._sink.episode(self.context, episode, action, self.request_id, saved,
+                           served_by=assembler.response_id if notice and not episode.is_stop else None)
+        ending = assembler.cut_ending({"loop": episode.type, "action": action,
+                                       "episode": f"{episode.number}/{episode.limit}"}, notice)
+        if self._keep is not None:
+            message = assembler.message()
+            self._record(Message(message.role, assembler.text + (notice or ""), message.calls),
+                         assembler.response_id)
+        return ending
+
+    def stream_end(self) -> None:
+        try:
+            message = self._assembler.message()
+        except RequestError:  # an answer the rules cannot read (arguments nested past JSON's depth here)
+            return
+        self._finish(message, self._assembler.response_id)
+
+    def streamed_answer(self) -> dict:
+        """What a finished stream said of itself (its id, model and usage), as a JSON answer says it."""
+        assembler = self._assembler
+        return {"id": assembler.response_id, "model": assembler.model, "usage": assembler.usage}
+
+    def complete(self, answer: object) -> None:
+        """A whole, non-streamed answer."""
+        try:
+            message = self._read_answer(answer) if isinstance(answer, dict) else None
+        except RequestError:  # an answer the rules cannot read (arguments nested past JSON's depth here)
+            return
+        if message is None:
+            return
+        if message.text:
+            self._watcher.text(message.text)
+        self._finish(message, answer.get("id") if isinstance(answer.get("id"), str) else None)
+
+    def _record(self, message: Message, response_id: str | None) -> None:
+        """Record the answer the service keeps, once; it is to be written before the client's last byte."""
+        keep, self._keep = self._keep, None
+        keep(message, response_id)
+        self.persist_pending = True
+
+    def _finish(self, message: Message, response_id: str | None) -> None:
+        """The answer is whole. Its own episode, if any, is logged when its warning or stop is served; an
+        answer that completes none, given a warning, is the model moving on."""
+        if self._keep is not None:
+            self._record(message, response_id)
+        if self._watcher.episode is None and self._watcher.finish(message) is None and self._warned is not None:
+            self._sink.recovery(self.context, self._warned)
+
+
+def _printable(text: str) -> str:
+    """An id from a request body as it may stand in a response header: printable ASCII only."""
+    return "".join(c if " " <= c <= "~" else "?" for c in text)
+
+
+def _with_warnings(messages: list[Message], inserted: list[tuple[int, str, str]]) -> list[Message]:
+    """The neutral conversation with the warnings inserted at their places (as the request sent them)."""
+    result = list(messages)
+    for place, role, text in reversed(sorted(inserted, key=lambda item: item[0])):
+        result.insert(place, Message(role, text))
+    return result
+
+
+def _detached(state: TaskState, cache: FoldCache) -> TaskState:
+    """The response is folded on a copy: the cached state belongs to the next request."""
+    return state.clone() if state is cache.state else state

@@ -1,0 +1,101 @@
+"""What the proxy asks of an API dialect: one Protocol, every question the server, the inspection step, the
+judge and replay put to a dialect. A new dialect is a module that implements it, and a route.
+
+Nothing outside `proxy/wire/` asks which dialect it holds: it asks the dialect.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol
+
+import orjson
+from multidict import CIMultiDict
+from yarl import URL
+
+from proxy.conversation import Conversation, Message, RequestError  # noqa: F401 (the dialects raise it)
+
+
+class StreamAssembler(Protocol):
+    """Follows one streamed answer event by event, and ends a stream the proxy cuts in the dialect's shape."""
+
+    stop_is_cut: bool  # the stop reached mid-stream ends as a cut does (clients that resume after an error)
+    finished: bool  # the answer's last event has been seen
+    response_id: str | None
+    model: str | None
+    usage: Any
+
+    def add(self, data: dict, event: str | None = None) -> tuple[str, bool]:
+        """Take one event's JSON; return the new text and whether a tool call began."""
+
+    @property
+    def text(self) -> str: ...
+
+    def message(self) -> Message:
+        """The answer so far as a neutral assistant message."""
+
+    def cut_ending(self, marker: dict, notice: str | None) -> bytes:
+        """The last bytes of a stream the proxy cuts: the notice as the answer's last text, a clean end."""
+
+    def stop_ending(self, error: dict) -> bytes:
+        """The last bytes of a stream ended by the stop (where `stop_is_cut` is false)."""
+
+
+class Dialect(Protocol):
+    name: str  # as detections record it (`detail.api`)
+    provider: str  # the provider family, as telemetry names it (`gen_ai.provider.name`) and the judge asks it
+
+    def claims(self, headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
+        """Whether a request on a relayed path belongs to this dialect's upstream."""
+
+    def wrote(self, body: dict) -> bool:
+        """Whether a recorded request body (replay) is in this dialect."""
+
+    def upstream_url(self, settings, raw_path: str, raw_query: str) -> URL:
+        """Where a request goes, its path and query as the client encoded them (`raw_path` is the full path)."""
+
+    def authorize(self, headers: CIMultiDict[str], settings) -> None:
+        """Put the configured upstream key in the request's headers, in the way this dialect's key travels."""
+
+    def read(self, payload: dict, history: list[Message] | None = None) -> Conversation:
+        """The request's conversation (`history`: what a chained request continues). Raises RequestError."""
+
+    def with_warnings(self, payload: dict, conversation: Conversation, warnings: list[tuple[int, str, str]]) -> dict:
+        """The request with each warning (place, role, text) inserted before the neutral message at its place."""
+
+    def answer(self, body: dict) -> Message | None:
+        """The assistant's turn in a non-streamed answer."""
+
+    def stream(self) -> StreamAssembler: ...
+
+    def error_body(self, message: str, type_: str, code: str | None = None) -> bytes:
+        """An error the proxy gives, in the shape this dialect's clients read."""
+
+    def stream_error(self, message: str, type_: str, code: str | None = None) -> bytes:
+        """The event that ends a stream on an error (the upstream failed mid-stream), on lines of its own."""
+
+    def max_output_tokens(self, payload: dict) -> int | None: ...
+
+    def chain_ids(self, payload: dict) -> tuple[str | None, str | None]:
+        """The response this request continues and its conversation id, where the service keeps them."""
+
+    def keeps_answer(self, payload: dict) -> bool:
+        """Whether the service keeps this request's answer, for later requests to continue from."""
+
+    def is_side_request(self, payload: dict) -> bool:
+        """An agent's side request (a title, a check of its own): a conversation of its own."""
+
+
+def sse(data: dict, event: str | None = None) -> bytes:
+    """One server-sent event."""
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def join_url(base: str, raw_path: str, raw_query: str) -> URL:
+    """A base URL and a path and query as the client encoded them: decoded and encoded again, `%2F` or `%26`
+    would change meaning, and `..` would be resolved."""
+    return URL(str(URL(base)).rstrip("/") + raw_path + (f"?{raw_query}" if raw_query else ""), encoded=True)
+
+
+def positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
