@@ -129,3 +129,27 @@ async def test_a_dead_slow_or_refusing_hook_changes_nothing_for_the_agent(upstre
     await agent.close()
     if hook != "dead":
         await receiver.runner.cleanup()
+
+
+async def test_a_stop_resent_to_another_replica_sends_no_second_alert(upstream, proxy_factory, receiver,
+                                                                     postgres_url):
+    """Alerts follow the log's first insert of an episode: two replicas on one PostgreSQL log, the refused request
+    resent to the other replica, one alert."""
+    url = await receiver.start()
+    first = await proxy_factory(upstream.url, webhook_url=url, database_url=postgres_url)
+    second = await proxy_factory(upstream.url, webhook_url=url, database_url=postgres_url)
+    agent = Agent(first.url, headers={"X-Loopwarden-Session": "twin"})
+    stopped = await loop_to_the_stop(agent, upstream)
+    assert stopped.body["code"] == "loop_detected"
+    (alert,) = await receiver.until(1)
+    assert alert["event"] == "loop.stopped" and alert["session_id"] == "twin"
+    resent = Agent(second.url, headers={"X-Loopwarden-Session": "twin"})
+    resent.messages = list(agent.messages)
+    with pytest.raises(openai.BadRequestError) as again:
+        await resent.turn()  # the same conversation, refused by the other replica too
+    assert again.value.body["code"] == "loop_detected"
+    await asyncio.sleep(2.5)  # both writers have flushed (every second) by now
+    assert len(receiver.received) == 1
+    assert await deliveries(first) == {"sent": 1.0} and await deliveries(second) == {}
+    await agent.close()
+    await resent.close()

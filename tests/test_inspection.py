@@ -1,0 +1,121 @@
+"""The inspection step without a server: a request's verdict, the warnings placed, the stop, and the tap that
+reads the answer, with the stored facts and the episode sink as plain objects."""
+
+from __future__ import annotations
+
+import orjson
+
+from proxy.config import build
+from proxy.inspection import Forward, Incoming, Inspector, Stop
+from proxy.wire.chat import ChatDialect
+from proxy.wire.messages import MessagesDialect
+from tests.convo import conversation, step, user
+
+HEADERS = {"Authorization": "Bearer key-1", "X-Loopwarden-Session": "s1"}
+
+
+class Facts:
+    def __init__(self, disabled: bool = False) -> None:
+        self.disabled = disabled
+        self.reset_at_message = 0
+        self.seen: list[tuple] = []
+
+    def controls(self, tenant, session_id):
+        return self
+
+    def judge_checks(self, tenant, session_id, task):
+        return []
+
+    def session_seen(self, tenant, session_id, message_count, model):
+        self.seen.append((session_id, message_count, model))
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.logged: list[tuple[str, str, int]] = []
+        self.recovered: list[int] = []
+
+    def episode(self, context, episode, action, request_id, tokens_saved, served_by=None):
+        self.logged.append((episode.type, action, episode.number))
+
+    def recovery(self, context, episode):
+        self.recovered.append(episode.number)
+
+
+def inspector(facts=None, sink=None, **settings) -> Inspector:
+    return Inspector(build(settings, environ={}), facts or Facts(), sink or Sink())
+
+
+def looping(calls: int) -> list[dict]:
+    return conversation(user("read the config"),
+                        *[step("read_file", {"path": "cfg.toml"}, "[server]\nport = 1") for _ in range(calls)])
+
+
+def incoming(messages: list[dict], headers=HEADERS, dialect=ChatDialect()) -> Incoming:
+    payload = {"model": "gpt-test", "messages": messages}
+    return Incoming(headers, orjson.dumps(payload), payload, dialect)
+
+
+def test_a_conversation_below_the_threshold_is_forwarded_byte_for_byte():
+    check = incoming(looping(4))
+    verdict = inspector().inspect(check)
+    assert isinstance(verdict, Forward) and verdict.body is check.raw
+    assert verdict.headers == {"X-Loopwarden-Session": "s1"} and verdict.tap is not None
+
+
+def test_the_fifth_identical_call_is_warned_after_its_result_and_logged_when_delivered():
+    sink = Sink()
+    facts = Facts()
+    verdict = inspector(facts, sink).inspect(incoming(looping(5)))
+    sent = orjson.loads(verdict.body)["messages"]
+    assert sent[-1]["role"] == "system" and sent[-1]["content"].startswith("[loopwarden] Loop detected (1/2)")
+    assert sent[-2]["role"] == "tool"
+    assert verdict.headers["X-Loopwarden-Warning"] == "1/2 tool_call"
+    assert sink.logged == []  # not before the model has it
+    verdict.tap.delivered(200, "req-1")
+    assert sink.logged == [("tool_call", "warned", 1)]
+    assert facts.seen == [("s1", 12, "gpt-test")]
+
+
+def test_the_seventh_is_stopped_in_the_dialects_error_shape_without_going_upstream():
+    sink = Sink()
+    verdict = inspector(sink=sink).inspect(incoming(looping(7)))
+    assert isinstance(verdict, Stop) and verdict.status == 400
+    assert verdict.headers["X-Loopwarden-Loop"] == "tool_call" and verdict.headers["x-should-retry"] == "false"
+    assert orjson.loads(verdict.body)["error"]["code"] == "loop_detected"
+    assert sink.logged == [("tool_call", "stopped", 3)]
+    anthropic = inspector().inspect(incoming(
+        [{"role": "user", "content": "read the config"}] + [m for _ in range(7) for m in (
+            {"role": "assistant", "content": [{"type": "tool_use", "id": f"t{_}", "name": "Read", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{_}", "content": "same"}]})],
+        dialect=MessagesDialect()))
+    assert orjson.loads(anthropic.body)["error"]["type"] == "loop_detected"
+
+
+def test_observe_mode_and_a_disabled_session_change_nothing():
+    sink = Sink()
+    check = incoming(looping(7), headers={**HEADERS, "X-Loopwarden-Mode": "observe"})
+    observed = inspector(sink=sink).inspect(check)
+    assert isinstance(observed, Forward) and observed.body is check.raw
+    assert observed.headers["X-Loopwarden-Observed"] == "stop tool_call"
+    assert sink.logged == [("tool_call", "stopped", 3)]
+    disabled = inspector(Facts(disabled=True)).inspect(incoming(looping(7)))
+    assert isinstance(disabled, Forward) and disabled.tap is None
+
+
+def test_the_tap_cuts_a_chanting_stream_at_the_delta_that_completed_it():
+    sink = Sink()
+    verdict = inspector(sink=sink).inspect(incoming(conversation(user("tell me"))))
+    sentence = "I will check the configuration file once more now. "
+    chunks = [b'data: {"id":"c1","model":"m","choices":[{"index":0,"delta":{"content":' + orjson.dumps(sentence)
+              + b'}}]}\n\n' for _ in range(12)]
+    cut = None
+    fed = 0
+    for chunk in chunks:
+        fed += 1
+        cut = verdict.tap.feed(chunk)
+        if cut is not None:
+            break
+    assert fed == 10 and cut[0] == len(chunks[0])
+    assert b'"finish_reason":"stop"' in cut[1] and cut[1].endswith(b"data: [DONE]\n\n")
+    assert sink.logged == [("content", "cut", 1)]
