@@ -178,7 +178,8 @@ def _table(columns: list[str], rows: list[dict], empty: str) -> str:
 
 
 
-_SECRETS = ("upstream_api_key", "anthropic_upstream_api_key", "judge_api_key", "admin_token")
+_SECRETS = ("upstream_api_key", "anthropic_upstream_api_key", "gemini_upstream_api_key", "judge_api_key",
+            "admin_token")
 
 
 def describe_config(settings, sources: dict[str, str]) -> str:

@@ -35,6 +35,8 @@ class Settings:
     upstream_api_key: str | None = None
     anthropic_upstream_url: str = "https://api.anthropic.com"
     anthropic_upstream_api_key: str | None = None
+    gemini_upstream_url: str = "https://generativelanguage.googleapis.com"
+    gemini_upstream_api_key: str | None = None
     host: str = "127.0.0.1"
     port: int = 8989
     database_url: str = "sqlite+aiosqlite:///./loopwarden.db"
@@ -84,7 +86,7 @@ MODES = ("enforce", "observe")
 _CHOICES = {"preset": tuple(PRESETS), "warning_role": WARNING_ROLES, "mode": MODES, "webhook_events": ("stop", "all"),
             "log_level": ("debug", "info", "warning", "error")}
 _OPTIONAL_TEXT = frozenset(
-    {"upstream_api_key", "anthropic_upstream_api_key", "admin_token", "judge_url", "judge_model", "judge_api_key",
+    {"upstream_api_key", "anthropic_upstream_api_key", "gemini_upstream_api_key", "admin_token", "judge_url", "judge_model", "judge_api_key",
      "judge_confirm_model", "webhook_url", "public_url"}
 )
 _OPTIONAL_NUMBERS = frozenset({"detection_retention_days"})  # unset by default
@@ -223,7 +225,8 @@ def resolve(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] |
 
 
 def _validate(settings: Settings) -> None:
-    for name in ("upstream_url", "anthropic_upstream_url", "judge_url", "webhook_url", "public_url"):
+    for name in ("upstream_url", "anthropic_upstream_url", "gemini_upstream_url", "judge_url", "webhook_url",
+                 "public_url"):
         url = getattr(settings, name)
         if url is None:
             continue

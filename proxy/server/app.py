@@ -31,7 +31,7 @@ from proxy.server.upstream import (
     upstream_headers,
 )
 from proxy.store.store import Store
-from proxy.wire import ROUTES, relay_dialect
+from proxy.wire import GEMINI, OPENAI, ROUTES, gemini_inspected, relay_dialect
 from proxy.wire.dialect import Dialect, RequestError
 
 log = logging.getLogger("loopwarden.server")
@@ -295,16 +295,32 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
     return response
 
 
-async def passthrough(request: web.Request) -> web.StreamResponse:
+async def gemini(request: web.Request) -> web.StreamResponse:
+    """`…/models/{model}:{method}` under /v1beta/ or /v1/: generateContent and streamGenerateContent are
+    watched in the Gemini dialect, any other method (`countTokens`, `embedContent`) relayed to its upstream."""
+    if request.method == "POST" and gemini_inspected(request.match_info["target"]):
+        return await _GEMINI_HANDLER(request)
+    return await passthrough(request, GEMINI if ":" in request.match_info["target"] else None)
+
+
+_GEMINI_HANDLER = inspected(GEMINI)
+
+
+async def gemini_passthrough(request: web.Request) -> web.StreamResponse:
+    """Any other /v1beta/ path (the models list): the Gemini API's own."""
+    return await passthrough(request, GEMINI)
+
+
+async def passthrough(request: web.Request, dialect: Dialect | None = None) -> web.StreamResponse:
     """Any other /v1/ path: method, query, headers, body and status, streamed both ways; to the upstream of the
     dialect that claims the request (the Anthropic upstream when it carries `anthropic-version`)."""
     settings = request.app[SETTINGS]
-    tail = request.rel_url.raw_path[len("/v1"):]
+    tail = request.rel_url.raw_path.split("/", 2)[-1]
     if climbs(tail):
         return json_error(400, "the path may not leave /v1/: '.' and '..' segments, plain or encoded, are refused",
                           "invalid_request_error", "invalid_path")
     _check_length(request)
-    dialect = relay_dialect(request.headers, request.rel_url.query)
+    dialect = relay_dialect(request.headers, request.rel_url.query, dialect or OPENAI)
     headers = upstream_headers(request, settings, dialect, identity=False)
     if request.content_length is not None:
         headers["Content-Length"] = str(request.content_length)
@@ -452,5 +468,8 @@ def create_app(settings: Settings) -> web.Application:
                                         web.get("/", healthz),  # clients probe the base URL (Claude Code: HEAD /)
                                         web.get("/metrics", metrics_page), *admin.routes(guard, settings.admin_token),
                                         *(web.post(path, inspected(dialect)) for path, dialect in ROUTES.items()),
+                                        web.route("*", "/v1beta/models/{target}", gemini),
+                                        web.route("*", "/v1/models/{target:[^/]*:[^/]*}", gemini),
+                                        web.route("*", "/v1beta/{tail:.*}", gemini_passthrough),
                                         web.route("*", "/v1/{tail:.*}", passthrough)])
     return app

@@ -9,16 +9,24 @@ from typing import Mapping
 
 from proxy.wire.chat import ChatDialect
 from proxy.wire.dialect import Dialect
+from proxy.wire.gemini import INSPECTED_METHODS, GeminiDialect
 from proxy.wire.messages import MessagesDialect
 from proxy.wire.responses import ResponsesDialect
 
 # Dialects that claim requests by their headers, whatever their path.
-CLAIMING = (MessagesDialect(),)
+GEMINI = GeminiDialect()
+CLAIMING = (MessagesDialect(), GEMINI)
 OPENAI = ChatDialect()
-RECORDED = (MessagesDialect(), ResponsesDialect(), OPENAI)  # asked in order which wrote a recorded body
+RECORDED = (MessagesDialect(), GEMINI, ResponsesDialect(), OPENAI)  # asked in order which wrote a recorded body
 # The inspected routes and the dialect each speaks.
 ROUTES: dict[str, Dialect] = {"/v1/chat/completions": ChatDialect(), "/v1/responses": ResponsesDialect(),
                               "/v1/messages": MessagesDialect()}
+
+
+def gemini_inspected(target: str) -> bool:
+    """Whether `models/{target}` on a Gemini path (`gemini-2.5-pro:streamGenerateContent`) is a call whose
+    conversation is watched: the colon method tells it from OpenAI's `/v1/models/{id}`."""
+    return target.rpartition(":")[2] in INSPECTED_METHODS
 
 
 def recorded_dialect(body: dict) -> Dialect | None:

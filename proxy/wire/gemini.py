@@ -1,0 +1,285 @@
+"""The Gemini API dialect (`…/models/{model}:generateContent` and `:streamGenerateContent`): contents, parts and
+streamed chunks to and from the neutral conversation.
+
+`systemInstruction` is the system prompt. `contents` are the conversation: `model` turns are the assistant's
+(their `text` parts its text, their `functionCall` parts its tool calls; `thought: true` parts are its
+reasoning), `user` turns the rest (`functionResponse` parts are tool results, failed when the response object
+holds an `error`; `text` parts a person's words). `thoughtSignature`, `inlineData`, `fileData`,
+`executableCode` and every other field travel unchanged and are ignored for detection. A warning is a `text`
+part after the `functionResponse` parts of the user turn that answers the call completing the loop. Requests
+go to GEMINI_UPSTREAM_URL, as does every request carrying `x-goog-api-key` or a `key` query parameter. A
+stream (`?alt=sse`) is a chunk per event, each a whole `GenerateContentResponse`. Pure code, no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+from urllib.parse import parse_qsl, urlencode
+
+import orjson
+from multidict import CIMultiDict
+from yarl import URL
+
+from proxy.conversation import ASSISTANT, SYSTEM, TOOL, USER, Anchor, Conversation, Message, Messages, ToolCall, \
+    arguments_text, insert_placed
+from proxy.wire.dialect import RequestError, join_url, positive_int, sse
+
+# The methods whose conversations are watched; the rest (`countTokens`, `embedContent`, ...) are relayed.
+INSPECTED_METHODS = ("generateContent", "streamGenerateContent")
+# Google's status names for the HTTP statuses the proxy answers with itself.
+_STATUS = {"loop_detected": "FAILED_PRECONDITION", "invalid_request_error": "INVALID_ARGUMENT"}
+
+
+def _parts(content: Any) -> list:
+    parts = content.get("parts") if isinstance(content, dict) else None
+    return parts if isinstance(parts, list) else []
+
+
+def _call_ids(parts: list, key: str) -> list[str]:
+    """Ids for the calls (or responses) among `parts`: their own, else the name and its ordinal in the turn,
+    so a call and the response that answers it pair up as Gemini pairs them (by name, in order)."""
+    ids = []
+    seen: dict[str, int] = {}
+    for part in parts:
+        inner = part.get(key) if isinstance(part, dict) else None
+        if not isinstance(inner, dict):
+            continue
+        name = inner.get("name") if isinstance(inner.get("name"), str) else ""
+        own = inner.get("id")
+        number = seen.get(name, 0)
+        seen[name] = number + 1
+        ids.append(own if isinstance(own, str) and own else f"{name}#{number}")
+    return ids
+
+
+def model_turn(parts: list) -> Message:
+    """A `model` turn's parts as the assistant's message (its reasoning aside)."""
+    text = []
+    calls = []
+    ids = iter(_call_ids(parts, "functionCall"))
+    for part in parts:
+        if not isinstance(part, dict):
+            continue
+        call = part.get("functionCall")
+        if isinstance(call, dict):
+            name = call.get("name")
+            arguments = call.get("args")
+            calls.append(ToolCall(next(ids), name if isinstance(name, str) else "",
+                                  arguments_text(arguments if isinstance(arguments, dict) else {})))
+        elif isinstance(part.get("text"), str) and part.get("thought") is not True:
+            text.append(part["text"])
+    return Message(ASSISTANT, "".join(text), tuple(calls))
+
+
+def _result(response: Any) -> tuple[str, bool]:
+    """A function response's text and whether it reports a failure (an `error` in its object)."""
+    if not isinstance(response, dict):
+        return arguments_text(response), False
+    error = response.get("error")
+    if error:
+        return error if isinstance(error, str) else arguments_text(error), True
+    output = response.get("output")
+    if isinstance(output, str) and len(response) == 1:
+        return output, False
+    return arguments_text(response), False
+
+
+def _read_user(index: int, parts: list, into: Messages) -> None:
+    """A `user` turn's parts: tool results and a person's words, each anchored just past its part."""
+    ids = iter(_call_ids(parts, "functionResponse"))
+    person = False
+    for position, part in enumerate(parts):
+        if not isinstance(part, dict):
+            continue
+        anchor = Anchor(index, position + 1)
+        answer = part.get("functionResponse")
+        if isinstance(answer, dict):
+            text, failed = _result(answer.get("response"))
+            into.add(Message(TOOL, text, call_id=next(ids), failed=failed), anchor)
+            person = False
+        elif isinstance(part.get("text"), str):
+            if person:  # one person's words, in several parts
+                into.messages[-1] = Message(USER, into.messages[-1].text + "\n" + part["text"])
+                into.anchors[-1] = anchor
+            else:
+                into.add(Message(USER, part["text"]), anchor)
+                person = True
+
+
+def _system_text(instruction: Any) -> str:
+    if isinstance(instruction, str):
+        return instruction
+    return "".join(p["text"] for p in _parts(instruction) if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
+def _status(type_: str) -> str:
+    return _STATUS.get(type_, "INTERNAL")
+
+
+class GeminiDialect:
+    name = "gemini"
+    provider = "gcp.gemini"
+
+    @staticmethod
+    def claims(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
+        return "x-goog-api-key" in headers or "key" in query
+
+    @staticmethod
+    def wrote(body: dict) -> bool:
+        return isinstance(body.get("contents"), list)
+
+    @staticmethod
+    def upstream_url(settings, raw_path: str, raw_query: str) -> URL:
+        """GEMINI_UPSTREAM_URL is the API's root (a trailing `/v1beta` or `/v1` is taken off: the path has it).
+        With GEMINI_UPSTREAM_API_KEY, a `key` in the query is replaced too."""
+        base = str(URL(settings.gemini_upstream_url)).rstrip("/").removesuffix("/v1beta").removesuffix("/v1")
+        key = settings.gemini_upstream_api_key
+        if key and raw_query and any(name == "key" for name, _ in parse_qsl(raw_query, keep_blank_values=True)):
+            raw_query = urlencode([(name, key if name == "key" else value)
+                                   for name, value in parse_qsl(raw_query, keep_blank_values=True)])
+        return join_url(base, raw_path, raw_query)
+
+    @staticmethod
+    def authorize(headers: CIMultiDict[str], settings) -> None:
+        if settings.gemini_upstream_api_key:
+            headers.popall("Authorization", None)
+            headers["x-goog-api-key"] = settings.gemini_upstream_api_key
+
+    @staticmethod
+    def read(payload: dict, history: list[Message] | None = None) -> Conversation:
+        contents = payload.get("contents")
+        if contents is None:
+            contents = []
+        if not (isinstance(contents, list) and all(isinstance(c, dict) for c in contents)):
+            raise RequestError("'contents' must be an array of objects")
+        read = Messages()
+        system = _system_text(payload.get("systemInstruction") or payload.get("system_instruction"))
+        if system:
+            read.add(Message(SYSTEM, system), Anchor(0))  # nothing is ever placed after the system prompt
+        for index, content in enumerate(contents):
+            if content.get("role") == "model":
+                read.add(model_turn(_parts(content)), Anchor(index + 1))
+            else:
+                _read_user(index, _parts(content), read)
+        return Conversation(read.messages, 0, read.anchors)
+
+    @staticmethod
+    def with_warnings(payload: dict, conversation: Conversation, warnings: list[tuple[int, str, str]]) -> dict:
+        """The request with text parts inserted, each just past the parts of the neutral message before its
+        place: inside the user turn that holds them, or as a user turn of its own after a model turn."""
+        placed = [(place, {"text": text}) for place, _, text in warnings]
+        return {**payload, "contents": insert_placed(
+            payload.get("contents") or [], conversation, placed, parts_of=_parts, parts_key="parts",
+            as_item=lambda part: {"role": "user", "parts": [part]})}
+
+    @staticmethod
+    def answer(body: dict) -> Message | None:
+        candidates = body.get("candidates")
+        if isinstance(candidates, list) and candidates and isinstance(candidates[0], dict):
+            return model_turn(_parts(candidates[0].get("content")))
+        return None
+
+    @staticmethod
+    def stream() -> "GeminiStream":
+        return GeminiStream()
+
+    @staticmethod
+    def error_body(message: str, type_: str, code: str | None = None) -> bytes:
+        """An error in Google's shape, which the google-genai SDKs raise as their ClientError."""
+        return orjson.dumps({"error": {"code": 400, "message": message, "status": _status(type_), "details": [
+            {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": (code or type_).upper(),
+             "domain": "loopwarden"}]}})
+
+    @staticmethod
+    def stream_error(message: str, type_: str, code: str | None = None) -> bytes:
+        return sse({"error": {"code": 502, "message": message, "status": "UNAVAILABLE"}})
+
+    @staticmethod
+    def max_output_tokens(payload: dict) -> int | None:
+        config = payload.get("generationConfig")
+        return positive_int(config.get("maxOutputTokens")) if isinstance(config, dict) else None
+
+    @staticmethod
+    def chain_ids(payload: dict) -> tuple[str | None, str | None]:
+        return None, None
+
+    @staticmethod
+    def keeps_answer(payload: dict) -> bool:
+        return False
+
+    @staticmethod
+    def is_side_request(payload: dict) -> bool:
+        """An agent's check of its own (Gemini CLI's next-speaker check, its task router): a structured answer
+        asked for, no tools offered."""
+        config = payload.get("generationConfig")
+        structured = isinstance(config, dict) and (
+            config.get("responseMimeType") == "application/json" or "responseJsonSchema" in config
+            or "responseSchema" in config)
+        return structured and not payload.get("tools")
+
+
+class GeminiStream:
+    """Follows the chunks of a streamed answer: the text as it streams (reasoning aside), calls as they come
+    (each arrives whole in one chunk), the finished turn; and ends a stream the proxy cuts the way a finished
+    answer ends. The stop reached mid-stream ends as a cut does, and the next request is refused."""
+
+    stop_is_cut = True
+
+    def __init__(self) -> None:
+        self._parts: list[dict] = []
+        self._text: list[str] = []
+        self.finished = False
+        self.response_id: str | None = None
+        self.model: str | None = None
+        self.usage: dict | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+    def add(self, data: dict, event: str | None = None) -> tuple[str, bool]:
+        """Take one chunk; return its new text and whether a tool call came."""
+        if self.response_id is None and isinstance(data.get("responseId"), str):
+            self.response_id = data["responseId"]
+        if isinstance(data.get("modelVersion"), str):
+            self.model = data["modelVersion"]
+        if isinstance(data.get("usageMetadata"), dict):
+            self.usage = data["usageMetadata"]
+        candidates = data.get("candidates")
+        if not isinstance(candidates, list) or not candidates or not isinstance(candidates[0], dict):
+            return "", False
+        candidate = candidates[0]
+        text = ""
+        called = False
+        for part in _parts(candidate.get("content")):
+            if not isinstance(part, dict):
+                continue
+            self._parts.append(part)
+            if isinstance(part.get("functionCall"), dict):
+                called = True
+            elif isinstance(part.get("text"), str) and part.get("thought") is not True:
+                self._text.append(part["text"])
+                text += part["text"]
+        if candidate.get("finishReason"):
+            self.finished = True
+        return text, called
+
+    def message(self) -> Message:
+        return model_turn(self._parts)
+
+    def cut_ending(self, marker: dict, notice: str | None) -> bytes:
+        """A last chunk: the notice as a text part, `finishReason: STOP`, and the proxy's marker beside the
+        candidates."""
+        chunk: dict[str, Any] = {"candidates": [{"content": {"role": "model", "parts": [{"text": notice or ""}]},
+                                                 "finishReason": "STOP", "index": 0}]}
+        if self.usage is not None:
+            chunk["usageMetadata"] = self.usage
+        if self.model is not None:
+            chunk["modelVersion"] = self.model
+        if self.response_id is not None:
+            chunk["responseId"] = self.response_id
+        chunk["loopwarden"] = marker
+        return sse(chunk)
+
+    def stop_ending(self, error: dict) -> bytes:  # never used: the stop ends as a cut does
+        return self.cut_ending({"loop": "stop"}, error.get("message"))
