@@ -1,7 +1,7 @@
 """The content layer (chanting): the compiled matcher when it is built, else the plain Python one.
 
 The rule is written out in `proxy/detect/content_rule.py`; `proxy/detect/_content.pyx` is the same rule
-compiled (Cython), about a hundred times faster on a token stream. Both give the same verdicts (the tests
+compiled (Cython), about twenty times faster on a token stream. Both give the same verdicts (the tests
 hold them equal), so the choice only changes speed. The install builds the compiled one when it can (a C
 compiler and the Python headers); without them the install still succeeds and this module uses the plain
 one. `LOOPWARDEN_PURE_CONTENT=1` uses the plain one even when the compiled one is built.
