@@ -2,9 +2,10 @@
 """The content layer's matcher, compiled: the rule of `proxy/detect/content_rule.py`, at a few nanoseconds
 per character.
 
-The rule (line classification, counted text, windows, the chanting test, trimming) is stated there, and its
-constants, `Chant` and the classification's character sets are imported from there; the classification is
-repeated here compiled (`classify`), and this module's index is in C arrays.
+The rule (line classification, counted text, windows, the chanting test, trimming) is stated there; its
+constants, `Chant` and the classification's character sets are imported from there, and its classification is
+repeated here compiled (`_classify`, held equal to the rule's by a test). The index is in C arrays.
+
 A stream arrives a token at a time, so a character has to cost little: each window gets a rolling hash, and
 is linked to the previous window with the same text through a hash bucket (compared in full, so the verdict
 is exact whatever the hash does). A window's run of identical predecessors is counted as it is indexed, so

@@ -269,6 +269,9 @@ class ContentTracker:
         recent.reverse()
         if recent[-1] - recent[0] > size * GAP_CHUNKS * (t - 1):
             return None
+        # Texts of different lengths differ: counting the lengths first spares reading the text most of the time.
+        if len({b - a for a, b in zip(recent, recent[1:])}) > t // 2:
+            return None
         first = recent[0] - base
         text = "".join(self._chars[first:recent[-1] - base + size])  # from the first occurrence to the last window
         between = {text[a - recent[0]:b - recent[0]] for a, b in zip(recent, recent[1:])}
