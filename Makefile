@@ -12,8 +12,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# The content layer is compiled (Cython), so its source is part of the install too.
-$(STAMP): $(BIN)/python pyproject.toml setup.py proxy/detect/content.pyx
+# The content layer's matcher is compiled (Cython) when a C compiler is at hand, so its source is part of the
+# install too (without a compiler the install succeeds and the plain Python matcher is used).
+$(STAMP): $(BIN)/python pyproject.toml setup.py proxy/detect/_content.pyx
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
@@ -42,7 +43,7 @@ chromium:
 # through loopwarden, in an environment of their own. The Agents SDK goes in last: it wants a newer openai than
 # LlamaIndex declares (which works). Those packages leave their HTTP clients open at exit, hence the two
 # warnings ignored here only.
-$(AGENTS_STAMP): pyproject.toml setup.py proxy/detect/content.pyx
+$(AGENTS_STAMP): pyproject.toml setup.py proxy/detect/_content.pyx
 	test -x $(AGENTS_VENV)/bin/python || $(PYTHON) -m venv $(AGENTS_VENV)
 	$(AGENTS_VENV)/bin/pip install --quiet --upgrade pip
 	$(AGENTS_VENV)/bin/pip install --quiet -e '.[dev,agents]'
@@ -62,4 +63,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/detect.py
 
 clean:
-	rm -rf $(VENV) $(AGENTS_VENV) *.egg-info .pytest_cache build proxy/detect/content.c proxy/detect/*.so
+	rm -rf $(VENV) $(AGENTS_VENV) *.egg-info .pytest_cache build proxy/detect/_content.c proxy/detect/*.so

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reference_content import ReferenceContent  # noqa: E402
 
-from proxy.detect.content import ContentTracker  # noqa: E402
 from proxy.conversation import ToolCall  # noqa: E402
+from proxy.detect.content import COMPILED, ContentTracker, PureContentTracker  # noqa: E402
 from proxy.detect.engine import DetectConfig, analyze, make_call  # noqa: E402
 from proxy.detect.normalize import is_error_form  # noqa: E402
 from proxy.detect.tools import ToolTracker  # noqa: E402
@@ -54,10 +54,10 @@ def measure(make, deltas: list[str]) -> tuple[float, object]:
     return time.perf_counter() - started, detector
 
 
-def held_bytes(deltas: list[str]) -> int:
+def held_bytes(make, deltas: list[str]) -> int:
     """Memory a tracker holds after the deltas (its arrays are allocated through Python's allocator)."""
     tracemalloc.start()
-    tracker = ContentTracker()
+    tracker = make()
     for delta in deltas:
         tracker.feed(delta)
     held = tracemalloc.get_traced_memory()[0]
@@ -79,6 +79,21 @@ def shared_cases() -> list[tuple[str, list[str]]]:
     ]
 
 
+def pure_throughput(text: str) -> None:
+    """The plain Python matcher (proxy/detect/content_rule.py, used when the compiled one is not built) on the
+    same text, beside the matcher in use."""
+    print("### The plain Python matcher (no C compiler at install)\n")
+    print("| deltas | matcher in use MB/s | plain MB/s | plain µs per delta | plain characters/s | in use / plain |")
+    print("|---|---|---|---|---|---|")
+    for label, deltas in (("token-sized (4 chars)", split(text, 4)), ("1 KB", split(text, 1024))):
+        ours, _ = measure(ContentTracker, deltas)
+        pure, _ = measure(PureContentTracker, deltas)
+        print(f"| {label} | {len(text) / ours / 1e6:.2f} | {len(text) / pure / 1e6:.2f} | "
+              f"{pure / len(deltas) * 1e6:.2f} | {len(text) / pure:,.0f} | {pure / ours:.0f}x |")
+    print(f"\nmemory held after the same text: {held_bytes(PureContentTracker, split(text, 4)) / 1024:.0f} KiB "
+          f"(the matcher in use: {held_bytes(ContentTracker, split(text, 4)) / 1024:.0f} KiB)\n")
+
+
 def first_hit(make, deltas: list[str]) -> int | None:
     detector = make()
     feed = detector.feed if hasattr(detector, "feed") else detector.add
@@ -92,13 +107,16 @@ def main(quick: bool) -> None:
     size = 200_000 if quick else 1_000_000
     text = prose(size)
     print("# loopwarden detection benchmark\n")
+    if not COMPILED:
+        print("(the compiled content matcher is not in use: the loopwarden columns are the plain Python one's)\n")
     print("## Verdicts on shared cases (index of the delta that completes the loop)\n")
-    print("| case | loopwarden | reference | same |\n|---|---|---|---|")
+    print("| case | loopwarden | plain Python matcher | reference | same |\n|---|---|---|---|---|")
     agree = True
     for name, deltas in shared_cases():
-        ours, theirs = first_hit(ContentTracker, deltas), first_hit(ReferenceContent, deltas)
-        agree &= ours == theirs
-        print(f"| {name} | {ours} | {theirs} | {'yes' if ours == theirs else 'NO'} |")
+        ours, pure = first_hit(ContentTracker, deltas), first_hit(PureContentTracker, deltas)
+        theirs = first_hit(ReferenceContent, deltas)
+        agree &= ours == pure == theirs
+        print(f"| {name} | {ours} | {pure} | {theirs} | {'yes' if ours == pure == theirs else 'NO'} |")
     print(f"\nall shared cases agree: {agree}\n")
 
     print(f"## Content layer throughput ({size // 1000} KB of varied prose)\n")
@@ -122,7 +140,8 @@ def main(quick: bool) -> None:
         theirs *= len(text) / sum(len(d) for d in sample)
         print(row + f" {mb / theirs:.2f} | {theirs / len(deltas) * 1e6:.2f} | {theirs / ours:.1f}x |")
     print(f"\nstate held after {size // 1000} KB: {tracker.state_size} characters and index entries, "
-          f"{held_bytes(split(text, 4)) / 1024:.0f} KiB (bounded by the window, whatever the length)\n")
+          f"{held_bytes(ContentTracker, split(text, 4)) / 1024:.0f} KiB (bounded by the window, whatever the length)\n")
+    pure_throughput(text)
 
     calls = 20_000 if not quick else 4_000
     result = "def handler(request):\n    return respond(request, status=200)\n" * 8

@@ -1,25 +1,22 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, always_allow_keywords=False
-"""The content layer: chanting, judged line by line so the verdict never depends on delta splits.
+"""The content layer's matcher, compiled: the rule of `proxy/detect/content_rule.py`, at a few nanoseconds
+per character.
 
-Every line is classified from its own characters (never from how a delta
-happened to start): a fence toggles code and is not counted, code is not
-counted, a divider (a line of one repeated symbol, or of divider characters)
-resets and is not counted, a list item, heading, quote or
-table row resets and is counted, prose is counted. Counted text is indexed at
-every offset in CONTENT_CHUNK_SIZE windows; a window that recurs
-CONTENT_LOOP_THRESHOLD times close together with few distinct gaps is chanting.
+The rule (line classification, counted text, windows, the chanting test, trimming) is stated there; its
+constants, `Chant` and the classification's character sets are imported from there, and its classification is
+repeated here compiled (`_classify`, held equal to the rule's by a test). The index is in C arrays.
 
-This module is compiled (Cython) because a stream arrives a token at a time: the
-index costs a few nanoseconds per character here. Each window gets a rolling
-hash, and is linked to the previous window with the same text (compared in full,
-so the verdict is exact whatever the hash does). A window's run of identical
-predecessors is counted as it is indexed, so the chanting rule is only evaluated
-for a window already seen `threshold` times.
+A stream arrives a token at a time, so a character has to cost little: each window gets a rolling hash, and
+is linked to the previous window with the same text through a hash bucket (compared in full, so the verdict
+is exact whatever the hash does). A window's run of identical predecessors is counted as it is indexed, so
+the chanting test is only evaluated for a window already seen `threshold` times. tests/test_content.py holds
+this matcher and the plain one to the same verdicts.
 """
 
 import os
-import re
-from collections import namedtuple
+
+from proxy.detect import content_rule as rule
+from proxy.detect.content_rule import _DIVIDER_CHARS, _HEADING, _LIST_NUMBER, CLASSIFY_WITHIN, GAP_CHUNKS, Chant
 
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_4BYTE_KIND, PyUnicode_FromKindAndData
@@ -37,14 +34,7 @@ cdef extern from *:
     """
     uint64_t lw_mulmod(uint64_t a, uint64_t b) noexcept nogil
 
-# How far apart the occurrences may be on average, in chunk sizes, and how many
-# characters a line may hold before it is classified no matter what follows.
-GAP_CHUNKS = 5
-CLASSIFY_WITHIN = 256
-
-Chant = namedtuple("Chant", "repeated occurrences")
-Chant.__doc__ = "The text that repeats (one period, or the chunk) and how often its window occurs in the text kept."
-
+# The kinds of line, as numbers the C code compares; the same as content_rule's (checked below).
 cdef enum:
     UNKNOWN = -1
     PROSE = 0
@@ -53,21 +43,25 @@ cdef enum:
     FENCE = 3
     CODE = 4
 
+if (UNKNOWN, PROSE, STRUCTURE, DIVIDER, FENCE, CODE) != (rule.UNKNOWN, rule.PROSE, rule.STRUCTURE, rule.DIVIDER,
+                                                        rule.FENCE, rule.CODE):
+    raise ImportError("the compiled content matcher numbers the kinds of line unlike proxy.detect.content_rule")
+
 cdef uint64_t MODULUS = (1ULL << 61) - 1
 # A base drawn per process: the verdict never depends on it (windows are compared in
 # full), but text crafted to collide cannot slow the index down.
 cdef uint64_t BASE = (1ULL << 20) + int.from_bytes(os.urandom(8), "little") % (MODULUS - (1ULL << 21))
 cdef Py_ssize_t INITIAL_CAPACITY = 64  # most text before a tool call is short
 
-# Divider characters may mix on one line (`╭──╮`, `~~~^^^` under a traceback); any other symbol makes a divider
-# when it alone is repeated (`......`, `!!!!!!`).
-_DIVIDER_CHARS = frozenset("-_=*~+^") | frozenset(chr(c) for c in range(0x2500, 0x2580))
-_LIST_NUMBER = re.compile(r"\d{1,9}[.)]")
-_HEADING = re.compile(r"#{1,6}(?:[ \t]|$)")
+
+def classify(str line, bint complete, bint in_code):
+    """The compiled classification, for the test that holds it equal to `content_rule.classify`."""
+    return _classify(line, complete, in_code)
 
 
 cdef int _classify(str line, bint complete, bint in_code) except -2:
-    """The kind of a line from its start; UNKNOWN while its start is still ambiguous."""
+    """`content_rule.classify`, compiled: a line is classified at each delta until its kind is known, and a call
+    to the Python function would cost a tenth of this matcher's time on a token stream."""
     if not complete and len(line) >= CLASSIFY_WITHIN:
         complete = True
     s = line.lstrip(" \t")
@@ -162,7 +156,7 @@ cdef class ContentTracker:
         self.threshold = threshold
         self.max_threshold = max(threshold, max_threshold or 0)
         # Enough text to hold the last `threshold` occurrences at the widest allowed spacing.
-        self.keep = chunk_size * GAP_CHUNKS * (max(self.max_threshold, 2) - 1) + chunk_size
+        self.keep = rule.kept_characters(chunk_size, self.max_threshold)
         self.base_power = 1
         for i in range(chunk_size):
             self.base_power = lw_mulmod(self.base_power, BASE)
