@@ -10,6 +10,7 @@ error statuses, connections dropped mid-stream, and whole streams sent in one bu
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -91,6 +92,9 @@ class FakeUpstream:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/files/{file_id}/content", self._file_content)
+        app.router.add_route("*", "/v1beta/models/{target}", self._gemini)
+        app.router.add_route("*", "/v1/models/{target:[^/]*:[^/]*}", self._gemini)
+        app.router.add_get("/v1beta/models", self._gemini_models)
         app.router.add_route("*", "/v1/{tail:.*}", self._echo)
         self.app = app
 
@@ -253,6 +257,65 @@ class FakeUpstream:
                     "choices": [], "usage": usage}
             yield b"data: " + orjson.dumps(data) + b"\n\n"
         yield b"data: [DONE]\n\n"
+
+    @property
+    def root(self) -> str:
+        """The Gemini API's base URL: its paths carry their version (`/v1beta/models/...`)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def gemini_requests(self) -> list[Received]:
+        return [r for r in self.requests if r.path.startswith(("/v1beta/", "/v1/models/")) and ":" in r.path
+                and "Content" in r.path]
+
+    async def _gemini_models(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response({"models": [{"name": "models/gemini-test", "displayName": "Gemini Test"}]})
+
+    async def _gemini(self, request: web.Request) -> web.StreamResponse:
+        """The Gemini API as Google speaks it: `candidates` with `parts`, a function call whole in one chunk with
+        its `thoughtSignature`, text split across `?alt=sse` chunks, `usageMetadata` on the last."""
+        received = await self._record(request)
+        model, _, method = request.match_info["target"].partition(":")
+        if request.method == "GET":
+            return web.json_response({"name": f"models/{model}"})
+        body = received.json
+        if method == "countTokens":
+            return web.json_response({"totalTokens": 42})
+        if method not in ("generateContent", "streamGenerateContent"):
+            return web.json_response({"error": {"code": 404, "message": "no such method", "status": "NOT_FOUND"}},
+                                     status=404)
+        if not isinstance(body.get("contents"), list):
+            raise TypeError("contents must be a list")
+        turn = self._next_turn(body)
+        if turn.status != 200:
+            return web.json_response(turn.error or {"error": {"code": turn.status, "message": "failed",
+                                                              "status": "UNAVAILABLE"}}, status=turn.status)
+        response_id = f"gem-{next(self._ids)}"
+        usage = {"promptTokenCount": 12, "candidatesTokenCount": 5, "totalTokenCount": 17}
+        calls = [{"functionCall": {"name": name, "args": args if isinstance(args, dict) else orjson.loads(args)},
+                  "thoughtSignature": base64.b64encode(f"sig-{response_id}-{index}".encode()).decode()}
+                 for index, (name, args) in enumerate(turn.tool_calls)]
+        thought = [{"text": turn.thinking, "thought": True}] if turn.thinking else []
+
+        def chunk(parts: list[dict], finish: str | None = None) -> dict:
+            candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
+            if finish:
+                candidate["finishReason"] = finish
+            data: dict[str, Any] = {"candidates": [candidate], "modelVersion": model, "responseId": response_id}
+            if finish:
+                data["usageMetadata"] = usage
+            return data
+
+        text = turn.content or ""
+        if method == "generateContent":
+            parts = thought + ([{"text": text}] if text else []) + calls
+            return web.json_response(chunk(parts, "STOP"))
+        step = max(1, turn.chunk_chars)
+        pieces = [chunk([part]) for part in thought] + [chunk([{"text": text[i:i + step]}])
+                                                        for i in range(0, len(text), step)]
+        pieces.append(chunk(calls, "STOP"))
+        return await self._stream(request, [b"data: " + orjson.dumps(p) + b"\r\n\r\n" for p in pieces], turn, {})
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         """The Responses API as the service speaks it: output items, `response.*` events with sequence

@@ -1,0 +1,119 @@
+"""The Gemini API through the proxy, driven by the real google-genai SDK in front of a scripted Gemini upstream:
+a model stuck on one call warned twice and stopped, the warning placed after the function response and kept,
+thought signatures untouched, a chanting stream cut cleanly, and the other Gemini calls relayed untouched."""
+
+from __future__ import annotations
+
+import base64
+
+import aiohttp
+import orjson
+import pytest
+from google import genai
+from google.genai import errors, types
+
+from tests.fake_upstream import Turn
+from tests.test_log_api import wait_for
+
+SENTENCE = "I will run the tests again to see whether they pass now. "
+TOOLS = [types.Tool(function_declarations=[types.FunctionDeclaration(
+    name="read_file", description="Read calc.py", parameters_json_schema={"type": "object"})])]
+CONFIG = types.GenerateContentConfig(
+    tools=TOOLS, automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True))
+
+
+def client_for(proxy) -> genai.Client:
+    return genai.Client(api_key="gemini-key-1", http_options=types.HttpOptions(
+        base_url=proxy.root, api_version="v1beta", retry_options=types.HttpRetryOptions(attempts=1)))
+
+
+async def ask(client: genai.Client, history: list[types.Content], stream: bool) -> types.Content:
+    """One turn; the model's content (every part, signatures and all) as the SDK gives it back."""
+    if not stream:
+        answer = await client.aio.models.generate_content(model="gemini-test", contents=history, config=CONFIG)
+        return answer.candidates[0].content
+    parts: list[types.Part] = []
+    async for chunk in await client.aio.models.generate_content_stream(model="gemini-test", contents=history,
+                                                                       config=CONFIG):
+        if chunk.candidates and chunk.candidates[0].content and chunk.candidates[0].content.parts:
+            parts += chunk.candidates[0].content.parts
+    return types.Content(role="model", parts=parts)
+
+
+def warnings_in(body: dict) -> list[str]:
+    return [part["text"] for content in body["contents"] for part in content["parts"]
+            if part.get("text", "").startswith("[loopwarden]")]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_a_model_stuck_on_one_call_is_warned_twice_then_refused(upstream, proxy_factory, stream):
+    proxy = await proxy_factory(upstream.url, gemini_upstream_url=upstream.root)
+    client = client_for(proxy)
+    history = [types.Content(role="user", parts=[types.Part(text="Make the tests pass.")])]
+    signatures = []
+    for number in range(1, 8):
+        upstream.script.append(Turn(tool_calls=[("read_file", {})]))
+        content = await ask(client, history, stream)
+        call = next(part for part in content.parts if part.function_call)
+        signatures.append(call.thought_signature)
+        history += [content, types.Content(role="user", parts=[types.Part(function_response=types.FunctionResponse(
+            name="read_file", response={"output": "def add(a, b):\n    return a - b\n"}))])]
+    upstream.script.append(Turn(tool_calls=[("read_file", {})]))
+    with pytest.raises(errors.ClientError) as refused:
+        await ask(client, history, stream)
+    assert refused.value.code == 400 and refused.value.status == "FAILED_PRECONDITION"
+    assert "[loopwarden] Loop detected" in refused.value.message
+    assert refused.value.details["error"]["details"][0]["reason"] == "LOOP_DETECTED"
+
+    sent = upstream.gemini_requests
+    assert len(sent) == 7  # the eighth was answered by the proxy
+    assert all(b"[loopwarden]" not in request.body for request in sent[:5])
+    sixth, seventh = sent[5].json, sent[6].json
+    assert [w[:31] for w in warnings_in(sixth)] == ["[loopwarden] Loop detected (1/2"]
+    fifth_answer = sixth["contents"][10]["parts"]
+    assert "functionResponse" in fifth_answer[0] and fifth_answer[1]["text"].startswith("[loopwarden]")
+    assert seventh["contents"][:11] == sixth["contents"][:11]  # the first warning, re-created where it was
+    assert [w[:31] for w in warnings_in(seventh)] == ["[loopwarden] Loop detected (1/2",
+                                                      "[loopwarden] Loop detected (2/2"]
+    # Every model turn goes back with the signature the upstream gave it.
+    for index, signature in enumerate(signatures[:6]):  # the seventh answer is in no request
+        part = seventh["contents"][1 + 2 * index]["parts"][-1]
+        assert base64.b64decode(part["thoughtSignature"]) == signature
+    assert upstream.chat_requests == [] and upstream.responses_requests == []
+    await client.aio.aclose()
+
+
+async def test_a_chanting_stream_is_cut_cleanly_and_logged_as_gemini(upstream, proxy_factory):
+    proxy = await proxy_factory(upstream.url, gemini_upstream_url=upstream.root)
+    client = client_for(proxy)
+    upstream.script.append(Turn(content=SENTENCE * 40, chunk_chars=20, delay=0.005))
+    chunks = [chunk async for chunk in await client.aio.models.generate_content_stream(
+        model="gemini-test", contents="Are the tests green?", config=CONFIG)]
+    text = "".join(chunk.text or "" for chunk in chunks)
+    assert text.count(SENTENCE) < 12 and "[loopwarden] Output cut: the same text repeated 10 times." in text
+    assert chunks[-1].candidates[0].finish_reason == types.FinishReason.STOP
+    assert not upstream.streams[-1].completed  # the proxy stopped reading at once
+    await client.aio.aclose()
+
+    async def logged():
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{proxy.root}/loopwarden/api/detections") as answer:
+                data = (await answer.json())["data"]
+        return data or None
+
+    (detection,) = await wait_for(logged)
+    assert (detection["type"], detection["action"], detection["detail"]["api"]) == ("content", "cut", "gemini")
+
+
+async def test_count_tokens_and_the_models_list_pass_untouched(upstream, proxy_factory):
+    proxy = await proxy_factory(upstream.url, gemini_upstream_url=upstream.root)
+    client = client_for(proxy)
+    counted = await client.aio.models.count_tokens(model="gemini-test", contents="hello")
+    assert counted.total_tokens == 42
+    models = [model.name async for model in await client.aio.models.list()]
+    assert models == ["models/gemini-test"]
+    assert [(r.method, r.path) for r in upstream.requests] == [
+        ("POST", "/v1beta/models/gemini-test:countTokens"), ("GET", "/v1beta/models")]
+    assert all(r.headers["x-goog-api-key"] == "gemini-key-1" for r in upstream.requests)
+    assert orjson.loads(upstream.requests[0].body)["contents"][0]["parts"][0]["text"] == "hello"
+    await client.aio.aclose()
