@@ -86,3 +86,12 @@ def test_errors_in_googles_shape_and_requests_claimed_by_their_key():
         "https://gemini.test/v1beta/models/g:generateContent?key=server-key&alt=sse"
     assert gemini.max_output_tokens({"generationConfig": {"maxOutputTokens": 256}}) == 256
     assert gemini.wrote(PAYLOAD) and not gemini.wrote({"messages": []})
+
+
+def test_gemini_clis_own_loop_notice_starts_no_task():
+    payload = {"contents": PAYLOAD["contents"] + [
+        {"role": "model", "parts": [{"text": "[The previous response was interrupted before it completed.]"}]},
+        {"role": "user", "parts": [{"text": "System: Potential loop detected. Details: Repeated tool call."}]}]}
+    read = gemini.read(payload)
+    assert read.messages[-1] == Message("system", "System: Potential loop detected. Details: Repeated tool call.")
+    assert [m.role for m in read.messages].count("user") == 1

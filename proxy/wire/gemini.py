@@ -26,6 +26,8 @@ from proxy.wire.dialect import RequestError, join_url, positive_int, sse
 
 # The methods whose conversations are watched; the rest (`countTokens`, `embedContent`, ...) are relayed.
 INSPECTED_METHODS = ("generateContent", "streamGenerateContent")
+# User text an agent wrote, not a person (Gemini CLI's own loop notice, the proxy's warnings): it starts no task.
+_AGENT_TEXT = ("System: ", "[loopwarden] ")
 # Google's status names for the HTTP statuses the proxy answers with itself.
 _STATUS = {"loop_detected": "FAILED_PRECONDITION", "invalid_request_error": "INVALID_ARGUMENT"}
 
@@ -98,7 +100,10 @@ def _read_user(index: int, parts: list, into: Messages) -> None:
             into.add(Message(TOOL, text, call_id=next(ids), failed=failed), anchor)
             person = False
         elif isinstance(part.get("text"), str):
-            if person:  # one person's words, in several parts
+            if part["text"].lstrip().startswith(_AGENT_TEXT):
+                into.add(Message(SYSTEM, part["text"]), anchor)  # read by no rule, starts nothing
+                person = False
+            elif person:  # one person's words, in several parts
                 into.messages[-1] = Message(USER, into.messages[-1].text + "\n" + part["text"])
                 into.anchors[-1] = anchor
             else:
