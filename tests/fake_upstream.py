@@ -287,7 +287,8 @@ class FakeUpstream:
                                      status=404)
         if not isinstance(body.get("contents"), list):
             raise TypeError("contents must be a list")
-        turn = self._next_turn(body)
+        judged = "X-Loopwarden-Judge" in received.headers and self.judge is not None
+        turn = self.judge(body) if judged else self._next_turn(body)
         if turn.status != 200:
             return web.json_response(turn.error or {"error": {"code": turn.status, "message": "failed",
                                                               "status": "UNAVAILABLE"}}, status=turn.status)

@@ -85,9 +85,9 @@ class JudgeScheduler:
             request, window = judge_window(due.messages, due.task_start)
             model = self.settings.judge_model or due.context.model
             # A session is judged by its own provider, in its own dialect, unless JUDGE_URL names another.
-            own_dialect = provider == "anthropic" and self.settings.judge_url is None
             check, tokens = await self.judge.check(due.task, due.turn, model, self.settings.judge_confirm_model,
-                                                   due.client_key, request, window, own_dialect)
+                                                   due.client_key, request, window,
+                                                   provider if self.settings.judge_url is None else "openai")
             self.store.record_judge_check(due.context.tenant, due.context.session_id, check, model, tokens)
             if self.metrics is not None:
                 outcome = "none" if check.confidence is None else \
@@ -122,7 +122,8 @@ class Guard:
         self.chain = ResponseChain(store)
         judge = Judge(settings.judge_url or settings.upstream_url, settings.judge_api_key or settings.upstream_api_key,
                       settings.judge_timeout, settings.judge_concurrency, anthropic_root(settings.anthropic_upstream_url),
-                      settings.judge_api_key or settings.anthropic_upstream_api_key,
+                      settings.judge_api_key or settings.anthropic_upstream_api_key, settings.gemini_upstream_url,
+                      settings.judge_api_key or settings.gemini_upstream_api_key,
                       ) if settings.llm_check and store is not None else None
         self.inspector = Inspector(settings, StoreFacts(store) if store is not None else None, self.episodes,
                                    judging=judge is not None, keep=self.chain.keep if store is not None else None,
