@@ -85,7 +85,7 @@ def session_of(headers: Mapping[str, str], messages: list[Message], tenant: str,
     return "fp-" + digest(f"{tenant}\x00{system}\x00{first_user}").hex()[:16]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Context:
     """Whose an episode is: the proxy logs it under these."""
 
