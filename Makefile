@@ -40,10 +40,10 @@ chromium:
 			echo "chromium is missing and cannot be installed here (it needs root and apt-get): the page tests will not run"; \
 		fi; }
 
-# smolagents, LlamaIndex, DSPy, pydantic-ai, the OpenAI Agents SDK and Claude Code (from npm, pinned) driven
-# through loopwarden, in an environment of their own. The Agents SDK goes in last: it wants a newer openai than
-# LlamaIndex declares (which works). Those packages leave their HTTP clients open at exit, hence the two
-# warnings ignored here only.
+# smolagents, LlamaIndex, DSPy, pydantic-ai, Google's ADK, the OpenAI Agents SDK, and Claude Code and Gemini CLI
+# (from npm, pinned) driven through loopwarden, in an environment of their own. The Agents SDK goes in last: it
+# wants a newer openai than LlamaIndex declares (which works). Those packages leave their HTTP clients open at
+# exit, hence the two warnings ignored here only.
 $(AGENTS_STAMP): pyproject.toml setup.py proxy/detect/_content.pyx
 	test -x $(AGENTS_VENV)/bin/python || $(PYTHON) -m venv $(AGENTS_VENV)
 	$(AGENTS_VENV)/bin/pip install --quiet --upgrade pip
