@@ -125,6 +125,7 @@ class Incoming:
     payload: dict
     dialect: Dialect
     chain: Chain | None = None  # what a request continuing a conversation the service keeps continues
+    path: str = ""  # the request's path, as sent (some dialects name the model there)
 
 
 @dataclass
@@ -187,7 +188,7 @@ class Inspector:
         tenant = tenant_of(key_of_client)
         session_id = session_of(headers, messages, tenant, chain, dialect.is_side_request(payload))
         answer_headers = {"X-Loopwarden-Session": session_id}
-        model = payload.get("model") if isinstance(payload.get("model"), str) else None
+        model = dialect.model(payload, incoming.path)
         key = (tenant, session_id)
         self._message_counts.put(key, len(messages))
         facts = self.facts

@@ -103,6 +103,7 @@ async def test_a_chanting_stream_is_cut_cleanly_and_logged_as_gemini(upstream, p
 
     (detection,) = await wait_for(logged)
     assert (detection["type"], detection["action"], detection["detail"]["api"]) == ("content", "cut", "gemini")
+    assert detection["model"] == "gemini-test"  # named in the path only
 
 
 async def test_count_tokens_and_the_models_list_pass_untouched(upstream, proxy_factory):

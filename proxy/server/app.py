@@ -122,10 +122,11 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
     guard = request.app[GUARD]
     began = time.perf_counter()
     if span is not None:
-        Telemetry.request(span, payload, dialect)
+        Telemetry.request(span, payload, dialect, request.rel_url.raw_path)
     chain = await guard.chain.load(request.headers, payload, dialect)
     try:
-        verdict = guard.inspector.inspect(Incoming(request.headers, raw, payload, dialect, chain), span)
+        verdict = guard.inspector.inspect(Incoming(request.headers, raw, payload, dialect, chain,
+                                                   request.rel_url.raw_path), span)
     except RequestError as exc:
         return refused(str(exc), "invalid_value")
     if isinstance(verdict, Stop):

@@ -45,6 +45,11 @@ class OpenAIDialect:
     stream_error = staticmethod(sse_error_event)
 
     @staticmethod
+    def model(payload: dict, raw_path: str) -> str | None:
+        model = payload.get("model")
+        return model if isinstance(model, str) else None
+
+    @staticmethod
     def chain_ids(payload: dict) -> tuple[str | None, str | None]:
         return None, None
 

@@ -75,6 +75,9 @@ class Dialect(Protocol):
 
     def max_output_tokens(self, payload: dict) -> int | None: ...
 
+    def model(self, payload: dict, raw_path: str) -> str | None:
+        """The model the request asks for (in its body, or in its path)."""
+
     def chain_ids(self, payload: dict) -> tuple[str | None, str | None]:
         """The response this request continues and its conversation id, where the service keeps them."""
 

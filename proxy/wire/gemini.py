@@ -14,7 +14,7 @@ stream (`?alt=sse`) is a chunk per event, each a whole `GenerateContentResponse`
 from __future__ import annotations
 
 from typing import Any, Mapping
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, unquote, urlencode
 
 import orjson
 from multidict import CIMultiDict
@@ -203,6 +203,12 @@ class GeminiDialect:
     def max_output_tokens(payload: dict) -> int | None:
         config = payload.get("generationConfig")
         return positive_int(config.get("maxOutputTokens")) if isinstance(config, dict) else None
+
+    @staticmethod
+    def model(payload: dict, raw_path: str) -> str | None:
+        """The model is named in the path only: `…/models/{model}:{method}`."""
+        model = unquote(raw_path.rpartition("/models/")[2].partition(":")[0])
+        return model or None
 
     @staticmethod
     def chain_ids(payload: dict) -> tuple[str | None, str | None]:

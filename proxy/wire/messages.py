@@ -186,6 +186,11 @@ class MessagesDialect:
         return positive_int(payload.get("max_tokens"))
 
     @staticmethod
+    def model(payload: dict, raw_path: str) -> str | None:
+        model = payload.get("model")
+        return model if isinstance(model, str) else None
+
+    @staticmethod
     def chain_ids(payload: dict) -> tuple[str | None, str | None]:
         return None, None
 
