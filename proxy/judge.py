@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
 from dataclasses import dataclass
 
 from urllib.parse import quote
@@ -26,6 +27,8 @@ from proxy.detect.judge_policy import LOOP_CONFIDENCE, JudgeCheck
 log = logging.getLogger("loopwarden.judge")
 
 JUDGE_HEADER = "X-Loopwarden-Judge"  # the judge's own requests: never inspected, never a session's turn
+# Its value: drawn per process, so no client can pass its own requests off as the judge's (and skip inspection).
+JUDGE_TOKEN = secrets.token_urlsafe(24)
 PROMPT_VERSION = "2026-11-1"
 SYSTEM_PROMPT = f"""You review the work of an autonomous AI agent (prompt version {PROMPT_VERSION}).
 You are shown the task the user gave it and the latest messages of its work: its replies, the tool
@@ -134,10 +137,10 @@ class Judge:
         client = self._clients.pop((messages_api, key), None)
         if client is None and messages_api:
             client = anthropic.AsyncAnthropic(base_url=self.anthropic_url, api_key=key or "none", max_retries=0,
-                                              timeout=self.timeout, default_headers={JUDGE_HEADER: "1"})
+                                              timeout=self.timeout, default_headers={JUDGE_HEADER: JUDGE_TOKEN})
         elif client is None:
             client = openai.AsyncOpenAI(base_url=self.base_url, api_key=key or "none", max_retries=0,
-                                        timeout=self.timeout, default_headers={JUDGE_HEADER: "1"})
+                                        timeout=self.timeout, default_headers={JUDGE_HEADER: JUDGE_TOKEN})
         self._clients[(messages_api, key)] = client  # most recent last
         if len(self._clients) > MAX_CLIENTS:
             oldest = next(iter(self._clients))
@@ -204,7 +207,7 @@ class Judge:
     async def _ask_gemini(self, key: str, model: str, shown: str) -> Answer:
         """The Gemini API's generateContent, asked for a JSON answer."""
         if self._gemini_http is None:
-            self._gemini_http = aiohttp.ClientSession(headers={JUDGE_HEADER: "1"})
+            self._gemini_http = aiohttp.ClientSession(headers={JUDGE_HEADER: JUDGE_TOKEN})
         root = str(self.gemini_url).rstrip("/").removesuffix("/v1beta").removesuffix("/v1")
         body = {"systemInstruction": {"parts": [{"text": SYSTEM_PROMPT}]},
                 "contents": [{"role": "user", "parts": [{"text": shown}]}],

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from typing import Mapping
 
 from proxy.config import Settings
 from proxy.conversation import Chain
 from proxy.detect.judge_policy import judge_window
 from proxy.inspection import Inspector, JudgeDue, client_key, tenant_of
-from proxy.judge import JUDGE_HEADER, Judge
+from proxy.judge import JUDGE_HEADER, JUDGE_TOKEN, Judge
 from proxy.server.alerts import Alerts
 from proxy.server.episodes import EpisodeLog
 from proxy.store.writer import SessionSeen
@@ -105,8 +106,9 @@ class JudgeScheduler:
 
 
 def is_judge(headers: Mapping[str, str]) -> bool:
-    """The judge's own requests: never inspected, never a session's turn."""
-    return bool(headers.get(JUDGE_HEADER))
+    """This process's judge's own requests (when JUDGE_URL points back at the proxy): never inspected, never a
+    session's turn. A client sending the header without this process's token is inspected like any other."""
+    return secrets.compare_digest(headers.get(JUDGE_HEADER, "").encode(), JUDGE_TOKEN.encode())
 
 
 class Guard:

@@ -51,9 +51,11 @@ def json_error(status: int, message: str, type_: str, code: str | None = None,
 def upstream_headers(request: web.Request, settings: Settings, dialect: Dialect, *,
                      identity: bool) -> CIMultiDict[str]:
     headers: CIMultiDict[str] = CIMultiDict()
+    # Headers the client names in `Connection` are for this hop only too (RFC 9110 §7.6.1).
+    named = {token.strip().lower() for value in request.headers.getall("Connection", ()) for token in value.split(",")}
     for name, value in request.headers.items():
         lower = name.lower()
-        if lower in _NOT_FORWARDED_UP or lower.startswith("x-loopwarden-"):
+        if lower in _NOT_FORWARDED_UP or lower in named or lower.startswith("x-loopwarden-"):
             continue
         headers.add(name, value)
     dialect.authorize(headers, settings)
