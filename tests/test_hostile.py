@@ -41,3 +41,41 @@ async def test_headers_named_in_connection_stay_on_this_hop(upstream, proxy):
             assert answer.status == 200
     (sent,) = upstream.requests
     assert "X-Hop-Secret" not in sent.headers and sent.headers["X-Kept"] == "yes"
+
+
+def test_an_alerts_text_line_shows_a_clients_markup_as_typed():
+    from datetime import datetime
+
+    from proxy.server.alerts import alert_payload
+
+    record = {"session_id": "<!here> run", "tenant": "t", "model": "m", "type": "tool_call", "action": "stopped",
+              "episode": 3, "episode_limit": 2, "turn": 7, "enforced": True, "tokens_saved_estimate": 0,
+              "created_at": datetime(2026, 11, 24), "detail": {"tool": "<https://evil.example|sign in again>",
+                                                               "arguments": "{\"q\": \"a & b\"}"}}
+    payload = alert_payload(record, "https://lw.example.com")
+    assert "<!" not in payload["text"] and "<http" not in payload["text"]
+    assert "&lt;!here&gt; run" in payload["text"] and "a &amp; b" in payload["text"]
+    assert payload["session_id"] == "<!here> run"  # the JSON fields keep the values as they are
+    assert payload["url"] == "https://lw.example.com/loopwarden/#open=%3C%21here%3E%20run"
+
+
+async def test_upstream_credentials_stay_out_of_answers_and_work_with_a_clients_key(upstream, proxy_factory):
+    from yarl import URL
+
+    with_secrets = str(URL(upstream.url).with_user("user").with_password("s3cret").with_query({"api-key": "k3y"}))
+    proxy = await proxy_factory(with_secrets)
+    upstream.script.append(Turn(content="ok"))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.url}/chat/completions", data=BODY, headers={
+                "Content-Type": "application/json", "Authorization": "Bearer sk-client"}) as answer:
+            assert answer.status == 200
+    (sent,) = upstream.requests
+    assert sent.path == "/v1/chat/completions" and sent.query == "api-key=k3y"  # the query stays a query
+    assert sent.headers["Authorization"].startswith("Basic ")
+    upstream.script.append(Turn(content="late", hang=True))
+    slow = await proxy_factory(with_secrets, upstream_read_timeout=0.3)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{slow.url}/chat/completions", data=BODY,
+                             headers={"Content-Type": "application/json"}) as answer:
+            text = await answer.text()
+    assert answer.status == 504 and "s3cret" not in text and "k3y" not in text

@@ -96,8 +96,22 @@ def sse(data: dict, event: str | None = None) -> bytes:
 
 def join_url(base: str, raw_path: str, raw_query: str) -> URL:
     """A base URL and a path and query as the client encoded them: decoded and encoded again, `%2F` or `%26`
-    would change meaning, and `..` would be resolved."""
-    return URL(str(URL(base)).rstrip("/") + raw_path + (f"?{raw_query}" if raw_query else ""), encoded=True)
+    would change meaning, and `..` would be resolved. A query in the base URL (`?api-version=...`) stays a
+    query, before the client's."""
+    parsed = URL(base)
+    query = "&".join(q for q in (parsed.raw_query_string, raw_query) if q)
+    root = str(parsed.with_query(None).with_fragment(None)).rstrip("/")
+    return URL(root + raw_path + (f"?{query}" if query else ""), encoded=True)
+
+
+def shown(url: str | URL) -> str:
+    """A URL as it may be shown (errors, logs, the start line): no password, no query (keys travel there)."""
+    parsed = URL(str(url))
+    if parsed.password is not None:
+        parsed = parsed.with_password("***")
+    if parsed.query_string:
+        parsed = parsed.with_query("…")
+    return str(parsed)
 
 
 def positive_int(value: Any) -> int | None:
