@@ -16,6 +16,10 @@ import pytest
 from google import genai
 from google.genai import types
 
+from proxy.commands import _summary
+from proxy.wire.chat import ChatDialect, ChatStream, ThinkTags
+from proxy.wire.messages import MessagesDialect
+from proxy.wire.responses import ResponsesStream
 from tests.fake_upstream import Turn
 from tests.test_served_episodes import logged
 
@@ -232,3 +236,70 @@ async def test_a_gemini_thought_chant_is_cut_with_a_last_text_part(upstream, pro
     assert_cut_early(upstream)
     row = await detection(proxy, "gemini")
     assert row["detail"]["channel"] == "reasoning" and row["detail"]["api"] == "gemini"
+
+
+# The pieces on their own, without a server.
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 50])
+def test_think_tags_split_anywhere_give_the_same_reasoning_and_answer(size):
+    content = "  <think>Let me see: a < b, and </thin is no tag.</think>The answer is 3."
+    tags = ThinkTags()
+    reasoning = answer = ""
+    for start in range(0, len(content), size):
+        thought, said = tags.feed(content[start:start + size])
+        reasoning, answer = reasoning + thought, answer + said
+    assert (reasoning, answer) == ("Let me see: a < b, and </thin is no tag.", "The answer is 3.")
+    assert ThinkTags().feed("No thinking here.") == ("", "No thinking here.")
+
+
+def test_chat_reasoning_is_counted_once_whichever_fields_carry_it():
+    stream = ChatStream()
+    for delta in ({"reasoning": "a", "reasoning_details": [{"type": "reasoning.text", "text": "a"}]},
+                  {"reasoning_content": "b", "reasoning": "b"}, {"content": "c"}):
+        assert stream.add({"choices": [{"index": 0, "delta": delta}]})[0] == delta.get("content", "")
+    assert (stream.reasoning_text, stream.text) == ("ab", "c")
+    body = {"choices": [{"message": {"role": "assistant", "content": "<think>hm</think>42"}}]}
+    assert ChatDialect.reasoning(body) == "hm" and ChatDialect.answer(body).text == "42"
+
+
+def test_a_responses_cut_inside_the_reasoning_closes_its_item_and_adds_a_message():
+    stream = ResponsesStream()
+    for event in ({"type": "response.created", "response": {"id": "resp_1", "model": "m"}, "sequence_number": 0},
+                  {"type": "response.output_item.added", "output_index": 0, "sequence_number": 1,
+                   "item": {"id": "rs_1", "type": "reasoning", "summary": [], "encrypted_content": None}},
+                  {"type": "response.reasoning_text.delta", "item_id": "rs_1", "output_index": 0,
+                   "content_index": 0, "delta": "la la", "sequence_number": 2}):
+        stream.add(event)
+    assert stream.last_reasoning == "la la"
+    events = [orjson.loads(line[6:]) for line in stream.cut_ending({"loop": "content"}, NOTICE).split(b"\n")
+              if line.startswith(b"data: ")]
+    assert [e["type"] for e in events] == [
+        "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed"]
+    assert [e["sequence_number"] for e in events] == list(range(3, 13))
+    reasoning, message = events[-1]["response"]["output"]
+    assert reasoning == {"id": "rs_1", "type": "reasoning", "summary": [],
+                         "content": [{"type": "reasoning_text", "text": "la la"}]}
+    assert message["content"][0]["text"] == NOTICE and events[3]["output_index"] == 1
+
+
+def test_only_an_unsigned_thinking_block_is_left_out_of_a_messages_request():
+    signed = {"role": "assistant", "content": [{"type": "thinking", "thinking": "x", "signature": "sig"},
+                                               {"type": "text", "text": "ok"}]}
+    assert MessagesDialect.forwardable({"messages": [{"role": "user", "content": "hi"}, signed]}) is None
+    cut = {"role": "assistant", "content": [{"type": "thinking", "thinking": "x", "signature": ""},
+                                            {"type": "text", "text": NOTICE}]}
+    bare = {"role": "assistant", "content": [{"type": "thinking", "thinking": "y"}]}
+    sent = MessagesDialect.forwardable({"max_tokens": 5, "messages": [signed, cut, bare]})
+    assert sent == {"max_tokens": 5, "messages": [signed, {"role": "assistant", "content": [cut["content"][1]]},
+                                                  {"role": "assistant", "content": [
+                                                      {"type": "text", "text": "[loopwarden] Output cut:"}]}]}
+
+
+def test_the_cli_shows_the_channel():
+    assert _summary({"detail": {"repeated": "Wait, let me", "occurrences": 10, "channel": "reasoning"}}) == \
+        '[reasoning] "Wait, let me"'
+    assert _summary({"detail": {"repeated": "Wait, let me", "occurrences": 10}}) == '"Wait, let me"'
