@@ -295,7 +295,6 @@ class MessagesStream:
                 self._text.append(delta["text"])
                 return delta["text"], False
             if delta.get("type") == "thinking_delta" and isinstance(delta.get("thinking"), str):
-                block["thinking"] = block.get("thinking", "") + delta["thinking"]
                 self._reasoning.append(delta["thinking"])
                 self.last_reasoning = delta["thinking"]
             elif delta.get("type") == "input_json_delta" and isinstance(delta.get("partial_json"), str):
