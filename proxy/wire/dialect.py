@@ -23,12 +23,18 @@ class StreamAssembler(Protocol):
     response_id: str | None
     model: str | None
     usage: Any
+    last_reasoning: str  # the reasoning text the last event carried (it came before that event's text)
 
     def add(self, data: dict, event: str | None = None) -> tuple[str, bool]:
-        """Take one event's JSON; return the new text and whether a tool call began."""
+        """Take one event's JSON; return the new answer text and whether a tool call began (the event's new
+        reasoning text is left in `last_reasoning`)."""
 
     @property
     def text(self) -> str: ...
+
+    @property
+    def reasoning_text(self) -> str:
+        """The reasoning so far."""
 
     def message(self) -> Message:
         """The answer so far as a neutral assistant message."""
@@ -63,7 +69,14 @@ class Dialect(Protocol):
         """The request with each warning (place, role, text) inserted before the neutral message at its place."""
 
     def answer(self, body: dict) -> Message | None:
-        """The assistant's turn in a non-streamed answer."""
+        """The assistant's turn in a non-streamed answer (its text is the answer's, its reasoning aside)."""
+
+    def reasoning(self, body: dict) -> str:
+        """The reasoning text of a non-streamed answer."""
+
+    def forwardable(self, payload: dict) -> dict | None:
+        """The request as it may go upstream, where something the client sent back must be left out (a thinking
+        block the proxy cut, which the service would refuse); None when it goes as it came."""
 
     def stream(self) -> StreamAssembler: ...
 
