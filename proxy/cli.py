@@ -162,6 +162,7 @@ def _serve(settings: Settings, *, migrate: bool) -> int:
     from aiohttp import web
 
     from proxy.server.app import CLIENT_IDLE_TIMEOUT, create_app
+    from proxy.loops import loop_name, new_event_loop
     from proxy.wire.dialect import shown
 
     if migrate:
@@ -171,10 +172,11 @@ def _serve(settings: Settings, *, migrate: bool) -> int:
     app = create_app(settings)
     app.on_startup.append(_settle_heap)
     logging.getLogger("loopwarden").info(
-        "loopwarden listening on http://%s:%s, upstreams %s (OpenAI), %s (Anthropic), %s (Gemini)", settings.host,
-        settings.port, shown(settings.upstream_url), shown(settings.anthropic_upstream_url),
-        shown(settings.gemini_upstream_url))
+        "loopwarden listening on http://%s:%s, upstreams %s (OpenAI), %s (Anthropic), %s (Gemini), on %s",
+        settings.host, settings.port, shown(settings.upstream_url), shown(settings.anthropic_upstream_url),
+        shown(settings.gemini_upstream_url), loop_name(settings.event_loop))
     web.run_app(app, host=settings.host, port=settings.port, shutdown_timeout=settings.shutdown_grace,
+                loop=new_event_loop(settings.event_loop),
                 handler_cancellation=True, print=None, keepalive_timeout=CLIENT_IDLE_TIMEOUT,
                 access_log=logging.getLogger("aiohttp.access") if settings.log_level == "debug" else None)
     return 0

@@ -15,6 +15,7 @@ from sqlalchemy.engine import make_url
 
 from proxy.config import FIELDS, Settings
 from proxy.detect.engine import DetectConfig
+from proxy.loops import loop_name
 from proxy.replay import read_records, replay as replay_one, summary
 from proxy.store import queries
 from proxy.store.database import DatabaseUnavailable, create_engine, describe_failure, safe_url
@@ -195,6 +196,7 @@ def describe_config(settings, sources: dict[str, str]) -> str:
             value = ",".join(sorted(value)) or ""
         rows.append({"setting": name.upper(), "value": "" if value is None else str(value), "from": sources[name]})
     out = _table(["setting", "value", "from"], rows, empty="")
+    out += f"\n\nevent loop: {loop_name(settings.event_loop)}"
     policies = settings.policies.describe()
     return out + "\n\npolicies\n" + ("\n".join(f"  {line}" for line in policies) if policies else "  (none)")
 

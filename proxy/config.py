@@ -71,6 +71,7 @@ class Settings:
     shutdown_grace: float = 30.0
     log_buffer_size: int = 10_000
     log_level: str = "info"
+    event_loop: str = "auto"  # uvloop where it is installed, else the standard loop
     # From the config file's [tools."..."] and [models."..."] tables only.
     policies: Policies = field(default_factory=Policies)
 
@@ -84,7 +85,7 @@ class Settings:
 FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "policies"}
 MODES = ("enforce", "observe")
 _CHOICES = {"preset": tuple(PRESETS), "warning_role": WARNING_ROLES, "mode": MODES, "webhook_events": ("stop", "all"),
-            "log_level": ("debug", "info", "warning", "error")}
+            "log_level": ("debug", "info", "warning", "error"), "event_loop": ("auto", "uvloop", "asyncio")}
 _OPTIONAL_TEXT = frozenset(
     {"upstream_api_key", "anthropic_upstream_api_key", "gemini_upstream_api_key", "admin_token", "judge_url", "judge_model", "judge_api_key",
      "judge_confirm_model", "webhook_url", "public_url"}

@@ -13,6 +13,7 @@ from aiohttp import web
 from hypothesis import settings as hypothesis_settings
 
 from proxy.config import build
+from proxy.loops import loop_name
 from proxy.server.app import create_app
 from proxy.store.database import run_migrations
 from tests.fake_upstream import FakeUpstream
@@ -54,6 +55,17 @@ async def start_proxy(**overrides) -> RunningProxy:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     return RunningProxy(runner, site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+
+
+@pytest.fixture(scope="session")
+def event_loop_policy():
+    """The suite runs on the loop the proxy runs on: uvloop where it is installed, the standard loop with
+    LOOPWARDEN_EVENT_LOOP=asyncio (CI runs it both ways)."""
+    if loop_name(os.environ.get("LOOPWARDEN_EVENT_LOOP", "auto")) == "uvloop":
+        import uvloop
+
+        return uvloop.EventLoopPolicy()
+    return asyncio.DefaultEventLoopPolicy()
 
 
 @pytest.fixture

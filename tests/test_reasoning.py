@@ -42,7 +42,7 @@ def varied_reasoning(length: int = 3000) -> str:
 
 
 def chant_turn(**fields) -> Turn:
-    return Turn(content="The answer is 42.", thinking=REASONING, thinking_chars=9, delay=0.0005, **fields)
+    return Turn(content="The answer is 42.", thinking=REASONING, thinking_chars=9, delay=0.002, **fields)
 
 
 def assert_cut_early(upstream) -> None:

@@ -91,3 +91,27 @@ async def test_a_malformed_request_is_refused_without_a_traceback(upstream, tmp_
         refused = [line for line in log.splitlines() if "refused a malformed request" in line]
         # Not HTTP at all (a scanner, TLS on the plain port) is aiohttp's own debug line, left out of both.
         assert len(refused) == (len(heads) - 1 if level == "debug" else 0), log[-2000:]
+
+
+async def test_serve_runs_on_uvloop_where_installed_and_on_the_standard_loop_when_asked(upstream, tmp_path):
+    """The start line names the loop; a request goes through on each."""
+    import os
+    import subprocess
+    import sys
+
+    for choice, expected in (("auto", "uvloop"), ("asyncio", "asyncio")):
+        os.environ["LOOPWARDEN_EVENT_LOOP"] = choice
+        try:
+            async with serving(f"sqlite+aiosqlite:///{tmp_path}/{choice}.db", upstream.url, "info") as (process, port):
+                client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-x", max_retries=0)
+                upstream.script.append(Turn(content="hello"))
+                answer = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}])
+                await client.close()
+                assert answer.choices[0].message.content == "hello"
+                start = next(line for line in (await stopped(process)).splitlines() if "listening on" in line)
+        finally:
+            del os.environ["LOOPWARDEN_EVENT_LOOP"]
+        assert start.endswith(f"on {expected}"), start
+    described = subprocess.run([sys.executable, "-m", "proxy", "config"], capture_output=True, text=True,
+                               env={**os.environ, "LOOPWARDEN_EVENT_LOOP": "asyncio"}).stdout
+    assert "event loop: asyncio" in described
