@@ -13,6 +13,7 @@ from proxy.detect.engine import DetectConfig, Decision, ResponseWatcher, episode
 from proxy.detect.judge_policy import JudgeCheck
 from proxy.detect.normalize import is_error_form
 from proxy.detect.texts import stop_text, warning_text
+from proxy.wire.chat import ChatDialect
 from tests.convo import analyze, assistant, conversation, neutral, step, steps, user
 
 DEFAULT = DetectConfig()
@@ -161,9 +162,47 @@ def test_same_call_same_error_warns_after_the_third_call_one_episode_per_message
     assert "failed 5 times with the same error" in stop_text(found[2])
 
 
-def test_parallel_identical_calls_in_one_message_are_one_episode():
+def test_identical_calls_in_one_message_are_steps_each_past_the_threshold_its_own_episode():
     messages = conversation(user("go"), steps([("read_file", {"path": "a"}, "x")] * 7))
-    assert kinds(messages) == [(1, "tool_call")]
+    found = eps(messages)
+    assert [(e.number, e.type, e.step, e.is_stop) for e in found] == [
+        (1, "tool_call", 5, False), (2, "tool_call", 6, False), (3, "tool_call", 7, True)]
+    # Every warning goes after the results that answer the message, in the order of its steps.
+    assert {e.message_index for e in found} == {2} and {e.place for e in found} == {len(messages)}
+    decision = Decision(found)
+    body = ChatDialect.with_warnings({"messages": messages}, ChatDialect.read({"messages": messages}),
+                                     [(e.place, "system", warning_text(e)) for e in decision.warnings])
+    assert [m["content"][:34] for m in body["messages"][len(messages):]] == [
+        "[loopwarden] Loop detected (1/2): ", "[loopwarden] Loop detected (2/2): "]
+
+
+def test_a_message_with_different_calls_in_it_counts_each_as_a_step():
+    # Four identical calls, then a message that calls it once more among other calls: its first step is the 5th.
+    messages = conversation(user("go"), *same_calls(4), steps([("read_file", {"path": "a.py"}, "contents of a.py"),
+                                                              ("ls", {}, "a.py"), ("ls", {"path": "b"}, "b.py")]))
+    found = eps(messages)
+    assert [(e.number, e.type, e.step) for e in found] == [(1, "tool_call", 1)]
+    # The same calls spread over messages, or held in one, find the same loops.
+    spread = conversation(user("go"), *[step("read_file", {"path": "a"}, "x") for _ in range(6)])
+    held = conversation(user("go"), steps([("read_file", {"path": "a"}, "x")] * 3),
+                        steps([("read_file", {"path": "a"}, "x")] * 3))
+    assert kinds(spread) == kinds(held) == [(1, "tool_call"), (2, "tool_call")]
+
+
+def test_one_message_whose_steps_grow_warns_at_each_request_then_stops():
+    # An agent that appends each step's call to one assistant message sends the message with one call more
+    # each time: the 5th warns, the 6th warns again, the 7th is the stop.
+    seen = []
+    for count in range(1, 8):
+        decision = Decision(eps(conversation(user("go"), steps([("read_file", {"path": "a"}, "x")] * count))))
+        seen.append("stop" if decision.stop else len(decision.warnings))
+    assert seen == [0, 0, 0, 0, 1, 2, "stop"]
+
+
+def test_a_response_of_identical_parallel_calls_is_a_loop():
+    call = step("read_file", {"path": "a.py"}, None)[0]["tool_calls"] * 5
+    kind, _, episode = _stream(DEFAULT, conversation(user("go")), [], [dict(c, id=f"c{i}") for i, c in enumerate(call)])
+    assert (kind, episode.type, episode.number, episode.step) == ("end", "tool_call", 1, 5)
 
 
 def test_a_new_user_message_starts_a_new_task():

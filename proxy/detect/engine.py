@@ -2,7 +2,8 @@
 
 A conversation is folded message by message. A user message starts a task;
 each assistant message is one turn and may complete one finding (the rules it
-tripped, in SPEC order). The fold's state after the messages already seen is
+tripped, in SPEC order); a message holding several calls is several steps, each
+of which may complete one. The fold's state after the messages already seen is
 cached per session, so a long conversation is analysed only by its new
 messages; the cache is checked against every message's fingerprint, so it can
 make an analysis faster but never change a verdict.
@@ -102,7 +103,7 @@ class Finding:
     turn: int
     trips: list[tuple[str, dict]]
     was_cut: bool = False  # the message carries the cut notice: the proxy cut it, and logged it then
-    step: int = 0  # the step within the message, for a DSPy trajectory that holds many
+    step: int = 0  # the step within the message: a call of several in one message, a DSPy trajectory's step
 
     @property
     def position(self) -> tuple[int, int]:
@@ -276,7 +277,8 @@ def choose_trip(trips: list[tuple[str, dict]], previous_type: str | None) -> tup
 
 
 class Turn:
-    """One assistant turn being folded: text first, then tool calls, then the finding."""
+    """One assistant turn being folded: text first, then tool calls, then the finding (one per step, when the
+    message holds several calls)."""
 
     def __init__(self, config: DetectConfig, state: TaskState, message_index: int, step: int = 0) -> None:
         self.config = config
@@ -289,6 +291,8 @@ class Turn:
         self.chant = None
         self.tool_found: dict[str, ToolFinding] = {}  # the first finding of each type in this turn
         self._text_ended = False
+        self._chant_told = False  # the chant went into a step's finding already
+        self._last_step = step  # the step the turn's end belongs to
 
     def text(self, piece: str) -> bool:
         """Feed text; True when it completed a chant."""
@@ -318,17 +322,40 @@ class Turn:
         for found in self.state.tools.add(call, threshold, error_repeats):
             self.tool_found.setdefault(found.type, found)
 
-    def finish(self, place: int, was_cut: bool = False) -> Finding | None:
-        self.end_text()
-        self.state.turn_places.append((self.message_index, self.step, place))
+    def tool_calls(self, calls: list[Call], place: int) -> list[Finding]:
+        """The message's calls in order. Several in one message are steps (numbered from 1), each of which may
+        complete a finding of its own: identical calls in one message are consecutive repeats like any
+        others. Their warnings all go at `place`, after the results that answer the message."""
+        if len(calls) <= 1:
+            for call in calls:
+                self.tool_call(call)
+            return []
+        found = []
+        for number, call in enumerate(calls, start=1):
+            self.tool_call(call)
+            finding = self._found(place, False, number)
+            if finding is not None:
+                found.append(finding)
+        self._last_step = len(calls)
+        return found
+
+    def _found(self, place: int, was_cut: bool, step: int) -> Finding | None:
+        """What the step ending here tripped, as a finding; the turn's trips are spent."""
         trips = [(kind, _tool_detail(self.tool_found[kind])) for kind in TYPES if kind in self.tool_found]
-        if self.chant is not None:
+        self.tool_found = {}
+        if self.chant is not None and not self._chant_told:
             trips.append(("content", chant_detail(self.chant)))
+            self._chant_told = True
         if not trips:
             return None
-        finding = Finding(self.message_index, place, self.turn, trips, was_cut, self.step)
+        finding = Finding(self.message_index, place, self.turn, trips, was_cut, step)
         self.state.findings.append(finding)
         return finding
+
+    def finish(self, place: int, was_cut: bool = False) -> Finding | None:
+        self.end_text()
+        self.state.turn_places.append((self.message_index, self._last_step, place))
+        return self._found(place, was_cut, self._last_step)
 
 
 def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin: int, end: int,
@@ -363,8 +390,7 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
             turn = Turn(config, state, j)
             if text:
                 turn.text(text)
-            for call in calls:
-                turn.tool_call(call)
+            turn.tool_calls(calls, after)
             turn.finish(after, was_cut)
             j = after
         else:
@@ -523,13 +549,14 @@ class ResponseWatcher:
             [text_call(action, None) for action in read_actions(model_text(message)[0]) or ()]
         if not calls and self._turn.end_text():
             return self._content_episode()
-        for call in calls:
-            self._turn.tool_call(call)
-        finding = self._turn.finish(self._turn.message_index + 1)
-        if finding is None:
-            return None
-        trips = allowed_trips(finding, self.plan_mode)
-        if not trips:
-            return None
-        self.episode = episode_of(self.config, self.next_number, finding, trips, self.previous_type)
-        return self.episode
+        place = self._turn.message_index + 1
+        found = self._turn.tool_calls(calls, place)
+        last = self._turn.finish(place)
+        # The first step that completes an episode (several identical calls in one answer: the first past the
+        # threshold); the next request's history numbers the rest.
+        for finding in found + ([last] if last is not None else []):
+            trips = allowed_trips(finding, self.plan_mode)
+            if trips:
+                self.episode = episode_of(self.config, self.next_number, finding, trips, self.previous_type)
+                return self.episode
+        return None
