@@ -49,3 +49,10 @@ def test_agents_without_a_guard_are_warned_twice_and_stopped(agent):
     found = replayed(agent)
     assert [action for action, _ in found] == ["warned", "warned", "stopped"]
     assert len({kind for _, kind in found}) == 1
+
+
+def test_cline_error_array_is_warned_as_tool_error():
+    # Cline CLI answers a failed read with [{"query": ..., "error": "Error reading file: ENOENT ...", "success":
+    # false}]; its own guard stops the run after the 5th call, so the proxy warns at the 3rd and the 4th.
+    assert replayed("cline") == [("warned", "tool_error"), ("warned", "tool_error")]
+    assert decisions("cline") == [(), (), (), ("tool_error",), ("tool_error", "tool_error")]

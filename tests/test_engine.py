@@ -423,6 +423,9 @@ def test_qwen_validation_error_is_an_error():
     "<file>\n00001| def handle_error(error):\n00002|     log.error(error)\n</file>",
     "Chunk ID: 4fa1\nWall time: 0.0021 seconds\nProcess exited with code 0\nOutput:\nerror: none of the tests failed",
     '{"status": "ok", "errors": [], "message": "no error"}',
+    '[{"query": "a.txt", "result": "the error log is empty", "error": "", "success": true}]',
+    '[{"job": 1, "error": "timeout"}, {"job": 2, "error": null, "success": true}]',  # a list of jobs, one failed
+    "usage: tool.py [-h] [--fast]\n\nRun the tool.\n\noptions:\n  -h, --help  show this help message and exit",
 ])
 def test_successes_that_mention_errors_are_successes(success):
     assert kinds(conversation(user("go"), *same_calls(4, result=success))) == []
@@ -435,6 +438,11 @@ def test_successes_that_mention_errors_are_successes(success):
     '{"error": {"message": "rate limited"}}',
     "<returncode>1</returncode>\n<output>\ngrep: src: Is a directory\n</output>",
     "cat: src/app.py: No such file or directory",
+    # Cline CLI 3.0.65's read_files on a missing file: a list of objects that say they failed.
+    '[{"query":"/w/config/settings.json","result":"","error":"Error reading file: ENOENT: no such file or '
+    'directory, statx \'/w/config/settings.json\'","success":false}]',
+    '{"ok": true, "success": false, "message": "the patch did not apply"}',
+    "Usage: edit <start_line>:<end_line>",  # SWE-agent answering a malformed edit command
 ])
 def test_errors_by_their_form(failure):
     assert kinds(conversation(user("go"), *same_calls(3, result=failure))) == [(1, "tool_error")]
@@ -597,3 +605,25 @@ def test_six_seven_and_eight_call_cycles_fire_one_round_early():
 def test_a_long_cycle_whose_results_change_is_progress():
     calls = [step(name, {"n": name}, f"{name} round {r}") for r in range(5) for name in "ABCDEF"]
     assert kinds(conversation(user("go"), *calls)) == []
+
+
+NPM_FAILURE = """npm ERR! code ERESOLVE
+npm ERR! ERESOLVE unable to resolve dependency tree
+npm ERR! Found: react@18.2.0
+npm ERR! Could not resolve dependency: peer react@"^17.0.0" from legacy-widget@1.4.0
+
+npm ERR! A complete log of this run can be found in: /root/.npm/_logs/2026-11-24T01_05_{second:02d}_{ms:03d}Z-debug-0.log"""
+
+
+def test_a_repeated_npm_failure_is_the_same_error_whatever_its_log_files_timestamp():
+    calls = [step("bash", {"command": "npm install"}, NPM_FAILURE.format(second=i * 7, ms=i * 131)) for i in range(3)]
+    found = eps(conversation(user("go"), *calls))
+    assert [(e.number, e.type) for e in found] == [(1, "tool_error")]
+    assert "_logs/…-debug-0.log" in found[0].detail["error"]
+
+
+def test_a_usage_message_answering_each_malformed_call_is_one_error():
+    calls = [step("bash", {"command": f"edit {i}"}, "Usage: edit <start_line>:<end_line>") for i in (12, 14, 15)]
+    found = eps(conversation(user("go"), *calls))
+    assert [(e.number, e.type) for e in found] == [(1, "tool_error")]
+    assert len(found[0].detail["calls"]) == 3

@@ -48,8 +48,9 @@ class Call:
     @property
     def says_something(self) -> bool:
         """An error that names a cause in words of its own: more than an exit code and empty output (`grep`
-        finding nothing) or a one-word nudge (`continue`)."""
-        return self.error is not None and sum(c.isalpha() for c in _FRAME.sub("", self.error)) >= 16
+        finding nothing) or a one-word nudge (`continue`). A usage message names what the call got wrong."""
+        return self.error is not None and (self.error[:6].lower() == "usage:"
+                                           or sum(c.isalpha() for c in _FRAME.sub("", self.error)) >= 16)
 
     @property
     def result(self) -> bytes | None:
