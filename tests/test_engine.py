@@ -13,6 +13,7 @@ from proxy.detect.engine import DetectConfig, Decision, ResponseWatcher, episode
 from proxy.detect.judge_policy import JudgeCheck
 from proxy.detect.normalize import is_error_form
 from proxy.detect.texts import stop_text, warning_text
+from proxy.policy import parse as parse_policies
 from proxy.wire.chat import ChatDialect
 from tests.convo import analyze, assistant, conversation, neutral, step, steps, user
 
@@ -463,8 +464,8 @@ def test_shell_line_numbers_do_not_hide_the_same_failure():
 
 
 def test_the_same_call_past_three_times_the_threshold_is_a_loop_whatever_its_results():
-    edit = {"path": "src/app.py", "line": 40, "text": "    return parse(value)"}
-    calls = [step("edit_file", edit, f"Edited src/app.py: now {100 + i} lines") for i in range(16)]
+    query = {"sql": "select count(*) from jobs where state = 'queued'"}
+    calls = [step("run_query", query, f"count: {100 + i}") for i in range(16)]
     found = eps(conversation(user("go"), *calls[:14]))
     assert found == []
     found = eps(conversation(user("go"), *calls))
@@ -472,7 +473,54 @@ def test_the_same_call_past_three_times_the_threshold_is_a_loop_whatever_its_res
     assert found[0].detail["same_result"] is False
     assert "its result changed" in warning_text(found[0])
     # A whitelisted tool is never counted, however often.
-    assert eps(conversation(user("go"), *calls), DetectConfig(whitelisted_tools=frozenset({"edit_file"}))) == []
+    assert eps(conversation(user("go"), *calls), DetectConfig(whitelisted_tools=frozenset({"run_query"}))) == []
+
+
+EDIT = {"path": "src/app.py", "old_str": "return parse(value)", "new_str": "return parse(value.strip())"}
+
+
+@pytest.mark.parametrize("name", ["str_replace_based_edit_tool", "apply_patch", "write_file", "edit", "MultiEdit",
+                                  "search_replace", "insert_lines", "str_replace_editor"])
+def test_the_same_edit_threshold_times_in_a_row_is_a_loop_whatever_its_results(name):
+    calls = [step(name, EDIT, f"The file src/app.py has been edited: now {100 + i} lines") for i in range(7)]
+    assert eps(conversation(user("go"), *calls[:4])) == []
+    found = eps(conversation(user("go"), *calls))
+    assert [(e.number, e.type, e.turn, e.is_stop) for e in found] == [
+        (1, "tool_call", 5, False), (2, "tool_call", 6, False), (3, "tool_call", 7, True)]
+    assert found[0].detail["same_result"] is False and "its result changed" in warning_text(found[0])
+
+
+@pytest.mark.parametrize("name", ["read_file", "credit_check", "todo", "applications_list", "view"])
+def test_other_tools_whose_results_change_are_not_edits(name):
+    calls = [step(name, EDIT, f"result {i}") for i in range(7)]
+    assert eps(conversation(user("go"), *calls)) == []
+
+
+def test_a_policy_says_which_tools_edit():
+    calls = [step("sed_tool", EDIT, f"done {i}") for i in range(5)]
+    marked = DetectConfig(policies=parse_policies({"tools": {"sed_*": {"edit": True}}}))
+    assert kinds(conversation(user("go"), *calls)) == []
+    assert kinds(conversation(user("go"), *calls), marked) == [(1, "tool_call")]
+    writer = [step("write_log", EDIT, f"appended line {i}") for i in range(5)]
+    unmarked = DetectConfig(policies=parse_policies({"tools": {"write_log": {"edit": False}}}))
+    assert kinds(conversation(user("go"), *writer)) == [(1, "tool_call")]
+    assert kinds(conversation(user("go"), *writer), unmarked) == []
+
+
+def test_two_edits_applied_in_turn_past_three_times_the_threshold_rounds_are_a_cycle():
+    first = dict(EDIT, new_str="return parse(value.strip())")
+    second = dict(EDIT, old_str="return parse(value.strip())", new_str="return parse(value)")
+    calls = []
+    for i in range(16):
+        calls += [step("str_replace_based_edit_tool", first, f"edited: {i}a"),
+                  step("str_replace_based_edit_tool", second, f"edited: {i}b")]
+    assert eps(conversation(user("go"), *calls[:29])) == []
+    found = eps(conversation(user("go"), *calls[:30]))  # round 15
+    assert [(e.type, e.turn) for e in found] == [("tool_cycle", 30)]
+    assert found[0].detail["same_result"] is False and "their results changed" in warning_text(found[0])
+    # Any two calls in turn, edits or not.
+    polls = [step(name, {}, f"{name} {i}") for i in range(15) for name in ("status", "progress")]
+    assert kinds(conversation(user("go"), *polls)) == [(1, "tool_cycle")]
 
 
 def test_a_poll_whose_answer_changes_is_progress_up_to_the_bound():

@@ -27,7 +27,7 @@ from proxy.detect.text_steps import (
     task_text,
     trajectory,
 )
-from proxy.detect.tools import ERROR_REPEATS, Call, ToolFinding, ToolTracker
+from proxy.detect.tools import ERROR_REPEATS, Call, ToolFinding, ToolTracker, is_edit
 from proxy.conversation import (  # noqa: F401 (the prefixes are the engine's vocabulary too)
     ASSISTANT,
     CUT_NOTICE_PREFIX,
@@ -67,15 +67,18 @@ class DetectConfig:
             policies=settings.policies,
         )
 
-    def tool_rule(self, name: str, turn: int) -> tuple[bool, int, int]:
-        """For a tool: whether it is exempt, and its thresholds for repeats and for the same error."""
+    def tool_rule(self, name: str, turn: int) -> tuple[bool, int, int, bool]:
+        """For a tool: whether it is exempt, its thresholds for repeats and for the same error, and whether it
+        edits (by its name, or as its policy says)."""
         rule = self.policies.tool(name) if self.policies.tools else {}
         if name in self.whitelisted_tools or rule.get("exempt"):
-            return True, 0, 0
+            return True, 0, 0, False
+        edit = rule.get("edit")
+        edit = is_edit(name) if edit is None else edit
         threshold = rule.get("threshold")
         if threshold is not None:
-            return False, threshold, threshold
-        return False, self.tool_threshold(turn), ERROR_REPEATS
+            return False, threshold, threshold, edit
+        return False, self.tool_threshold(turn), ERROR_REPEATS, edit
 
     def _scaled(self, base: int, turn: int) -> int:
         # Short tasks stricter, long ones looser (3 / 5 / 7 for a base of 5).
@@ -245,6 +248,8 @@ def _tool_detail(found: ToolFinding) -> dict:
     if found.type == "tool_cycle":
         detail["cycle"] = [c.name for c in found.calls]
         detail["cycle_arguments"] = [excerpt(c.arguments, 60) for c in found.calls]
+        if not found.same_result:
+            detail["same_result"] = False
     elif found.type == "tool_error":
         error = " ".join(_readable(first.error or "").split())
         # Its start and its end: where a traceback's exception and a test run's summary are.
@@ -315,11 +320,11 @@ class Turn:
     def tool_call(self, call: Call) -> None:
         self.end_text()
         self.state.content.reset()  # a tool call starts the content tracking afresh
-        exempt, threshold, error_repeats = self.config.tool_rule(call.name, self.turn)
+        exempt, threshold, error_repeats, edit = self.config.tool_rule(call.name, self.turn)
         if exempt:
             self.state.tools.skip()
             return
-        for found in self.state.tools.add(call, threshold, error_repeats):
+        for found in self.state.tools.add(call, threshold, error_repeats, edit):
             self.tool_found.setdefault(found.type, found)
 
     def tool_calls(self, calls: list[Call], place: int) -> list[Finding]:
