@@ -158,9 +158,34 @@ def test_the_harness_repeating_a_format_error_is_not_a_person():
     malformed = "THOUGHT: two at once.\n\n```mswea_bash_command\nls\n```\n\n```mswea_bash_command\npwd\n```"
     messages = chat("Fix the parser.", [(malformed, error)] * 4)
     state, _ = analyze(DEFAULT, messages)
-    # The first format error looked like a person; from its repeat on, it is the harness answering a step.
-    assert state.start == 4 and state.turns == 3
-    assert [(e.type, e.is_stop) for e in episodes(DEFAULT, state)] == [("tool_error", False)]
+    # The first format error looked like a person until it came again: then it was the harness answering a
+    # step all along, and the task is still the person's.
+    assert state.start == 2 and state.turns == 4
+    assert [(e.type, e.turn, e.is_stop) for e in episodes(DEFAULT, state)] == [
+        ("tool_error", 3, False), ("tool_error", 4, False)]
+    # One format error is a person's message until it repeats.
+    state, _ = analyze(DEFAULT, chat("Fix the parser.", [(malformed, error)]))
+    assert state.start == 4 and state.turns == 0
+
+
+def test_a_format_error_whose_count_changes_is_the_harness_warned_after_the_third():
+    # mini-swe-agent's format error, its count changing with the malformed answer it answers.
+    error = ("Format error:\n\n<error>\nFound {n} actions.\n</error>\n\nPlease always provide EXACTLY ONE action "
+             "in triple backticks, found {n} actions.")
+    malformed = "THOUGHT: try again.\n\n" + "\n\n".join(f"```mswea_bash_command\nls {i}\n```" for i in range(3))
+    answers = [error.format(n=n) for n in (3, 2, 4, 2)]
+    for count, expected in ((2, []), (3, [("tool_error", 3, False)])):
+        messages = chat("Fix the parser.", [(malformed, answer) for answer in answers[:count]])
+        state, _ = analyze(DEFAULT, messages)
+        assert state.start == 2, "the harness's reply is not a new task"
+        assert [(e.type, e.turn, e.is_stop) for e in episodes(DEFAULT, state)] == expected
+    assert "found … actions" in episodes(DEFAULT, state)[0].detail["error"]
+    # Folded request by request (the cache carried on), the verdict is the same.
+    cache = None
+    for count in range(1, 5):
+        state, cache = analyze(DEFAULT, chat("Fix the parser.", [(malformed, a) for a in answers[:count]]),
+                               0, cache)
+    assert [(e.type, e.turn) for e in episodes(DEFAULT, state)] == [("tool_error", 3), ("tool_error", 4)]
 
 
 # DSPy's ReAct requests (question and a growing trajectory), then its extractor's, which ends the run.

@@ -11,6 +11,7 @@ make an analysis faster but never change a verdict.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import orjson
@@ -20,6 +21,8 @@ from proxy.detect.judge_policy import JudgeCheck
 from proxy.detect.normalize import canonical_arguments, digest, excerpt, is_error_form, mask
 from proxy.detect.text_steps import (
     TextAction,
+    is_agent_preamble,
+    is_agent_reply,
     is_observation,
     observation_failed,
     observation_text,
@@ -141,10 +144,15 @@ class TaskState:
     findings: list[Finding] = field(default_factory=list)
     turn_places: list[tuple[int, int, int]] = field(default_factory=list)  # per turn: (message index, step, place)
     harness: set[bytes] = field(default_factory=set)  # masked user texts that answered the assistant in this task
+    # When a user text answering the assistant's text opened this task: the task before, as it was before that
+    # assistant message, the message's index, and the text's harness key. Should the same text (numbers aside)
+    # answer the assistant again, it was the harness all along, and the two are one task.
+    before: "tuple[TaskState, int, bytes] | None" = None
 
     def clone(self) -> "TaskState":
         return TaskState(self.start, self.key, self.tools.clone(), self.content.clone(), self.turns,
-                         self.anchored, list(self.findings), list(self.turn_places), set(self.harness))
+                         self.anchored, list(self.findings), list(self.turn_places), set(self.harness),
+                         self.before)
 
     def anchor(self, first_turn: Message) -> None:
         """Name this run of the task by its first assistant turn's first call id: a rerun of the same
@@ -216,30 +224,92 @@ def text_call(action: TextAction, observation: str | None, marked: bool = False)
     return _call(action.name, action.arguments, None if observation is None else (observation, marked))
 
 
-def _user_answer(messages: list[Message], j: int) -> str | None:
-    """The text of the user message right after message j, if there is one."""
-    if j + 1 < len(messages):
-        answer = messages[j + 1]
+def _own_at(messages: list[Message], k: int) -> int:
+    """How many messages from k on the agent wrote itself: its preamble or note (Aider's `I updated the
+    files.`, its file-context message), and the reply it recorded for the model (`Ok.`). 0, 1 or 2."""
+    message = messages[k]
+    if message.role != USER or message.injected or not is_agent_preamble(message.text):
+        return 0
+    if k + 1 < len(messages) and messages[k + 1].role == ASSISTANT and not messages[k + 1].calls \
+            and is_agent_reply(messages[k + 1].text):
+        return 2
+    return 1
+
+
+def _past_own(messages: list[Message], k: int) -> int:
+    """The first message from k on that the agent did not write itself."""
+    while k < len(messages):
+        own = _own_at(messages, k)
+        if not own:
+            break
+        k += own
+    return k
+
+
+def _user_answer(messages: list[Message], j: int) -> int | None:
+    """Where the user message answering message j is (after what the agent wrote itself), if there is one."""
+    k = _past_own(messages, j + 1)
+    if k < len(messages):
+        answer = messages[k]
         if answer.role == USER and not answer.injected:
-            return answer.text
+            return k
     return None
+
+
+_NUMBERS = re.compile(r"\d+")
+# A reply this long (masked) is compared numbers aside: a harness's template with a count in it. A person's
+# short question about folder 2, then folder 3, stays two questions.
+_NUMBERS_ASIDE_FROM = 80
+
+
+def harness_form(text: str) -> str:
+    """A user text as the harness repeats it: masked, and numbers aside (`found 3 actions`, `found 2 actions`)."""
+    masked = mask(text)
+    return _NUMBERS.sub("\x00", masked) if len(masked) >= _NUMBERS_ASIDE_FROM else masked
+
+
+def _harness_key(text: str) -> bytes:
+    return digest(harness_form(text))
 
 
 def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) -> tuple[list[Call], int]:
     """An assistant message without native tool calls: the steps it acts in text, and where the messages
     that answer it end. A user message that is the harness talking (an observation, or the same text that
     answered the assistant before in this task) is part of the step, not a new task."""
-    answer = _user_answer(messages, j)
+    at = _user_answer(messages, j)
     actions = read_actions(text)
-    if answer is not None:
+    if at is not None:
+        answer = messages[at].text
         if actions and is_observation(answer):
             observation, failed = observation_text(answer), observation_failed(answer)
-            return [text_call(action, observation, failed) for action in actions], j + 2
-        if state.harness and digest(mask(answer)) in state.harness:
+            return [text_call(action, observation, failed) for action in actions], at + 1
+        if state.harness and _harness_key(answer) in state.harness:
             # The harness repeating itself (a format error): what it answers is the step, failed.
             actions = actions or [TextAction("reply", mask(text)[:2000])]
-            return [text_call(action, answer, marked=True) for action in actions], j + 2
+            return [text_call(action, harness_form(answer), marked=True) for action in actions], at + 1
     return [text_call(action, None) for action in actions or ()], j + 1
+
+
+def _may_open_task(state: "TaskState", messages: list[Message], j: int) -> int | None:
+    """Where the user text answering the assistant's text at j is, when it may open a new task (it is no
+    observation and not the harness known to this task)."""
+    at = _user_answer(messages, j)
+    if at is None:
+        return None
+    answer = messages[at].text
+    if is_observation(answer) or (state.harness and _harness_key(answer) in state.harness):
+        return None
+    return at
+
+
+def _repeats_opener(state: "TaskState", messages: list[Message], j: int, reset_at: int) -> bool:
+    """The text answering the assistant's text at j is the one that opened this task (numbers aside): the
+    harness answering again, so the task it opened never was one."""
+    before = state.before
+    if before is None or before[1] < reset_at <= j:  # a reset between them forgives what came before
+        return False
+    at = _user_answer(messages, j)
+    return at is not None and _harness_key(messages[at].text) == before[2]
 
 
 def _tool_detail(found: ToolFinding) -> dict:
@@ -366,6 +436,7 @@ class Turn:
 def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin: int, end: int,
           reset_at: int) -> TaskState:
     j = begin
+    opening: tuple[TaskState, int, int] | None = None  # the task before a user text that may open one
     while j < end:
         message = messages[j]
         if j == reset_at and j > 0:
@@ -374,10 +445,18 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
         if message.injected:
             j += 1
         elif role == USER:
+            own = _own_at(messages, j)
+            if own:
+                j += own  # the agent's own preamble or note, and the reply it recorded: no task, no turn
+                continue
             text = message.text
             state = _new_task(config, messages, j + 1)
-            if j > 0 and messages[j - 1].role == ASSISTANT:
-                state.harness.add(digest(mask(text)))  # if it comes again, it is the harness talking
+            if opening is not None and opening[1] == j:
+                state.before = (opening[0], opening[2], _harness_key(text))
+                state.harness.add(state.before[2])  # if it comes again, it is the harness talking
+            elif j > 0 and messages[j - 1].role == ASSISTANT:
+                state.harness.add(_harness_key(text))
+            opening = None
             for number, step in enumerate(trajectory(text) or (), start=1):
                 # DSPy's ReAct: each step of the trajectory in this message is a turn.
                 turn = Turn(config, state, j, number)
@@ -385,8 +464,24 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
                 turn.finish(j + 1)
             j += 1
         elif role == ASSISTANT:
-            state.anchor(message)
+            if own_reply(messages, j):
+                j += 1  # an agent's recorded `Ok.` whose preamble is out of this request
+                continue
             text, was_cut = model_text(message)
+            if not message.calls:
+                if _repeats_opener(state, messages, j, reset_at):
+                    # The text that opened this task answers again: it was the harness, and its step is one of
+                    # the task before, folded again from that step on.
+                    restored, at, key = state.before
+                    restored = restored.clone()
+                    restored.harness.add(key)
+                    state = _fold(config, restored, messages, at, j, reset_at)
+                at = _may_open_task(state, messages, j)
+                if at is not None:
+                    snapshot = state.clone()
+                    snapshot.before = None
+                    opening = (snapshot, at, j)
+            state.anchor(message)
             if message.calls:
                 results, after = _tool_results(messages, j + 1)
                 calls = [make_call(call, results) for call in message.calls]
@@ -406,10 +501,18 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
     return state
 
 
+def own_reply(messages: list[Message], j: int) -> bool:
+    """The assistant message at j is a reply the agent recorded after its own preamble (Aider's `Ok.`)."""
+    return j > 0 and _own_at(messages, j - 1) == 2
+
+
 def _final_step_start(messages: list[Message]) -> int:
     """Where the messages whose results may still grow begin (the last call still unanswered)."""
-    if messages and messages[-1].role == ASSISTANT:
-        return len(messages) - 1  # its answer, native or in text, is still to come
+    last = len(messages)
+    while last > 0 and (own_reply(messages, last - 1) or _own_at(messages, last - 1)):
+        last -= 1  # what the agent wrote itself after a step comes before the step's answer
+    if last and messages[last - 1].role == ASSISTANT and (last == len(messages) or not messages[last - 1].calls):
+        return last - 1  # its answer, native or in text, is still to come
     for j in range(len(messages) - 1, -1, -1):
         role = messages[j].role
         if role == TOOL:
