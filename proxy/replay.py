@@ -29,6 +29,7 @@ from proxy.detect.engine import (
     answer_action,
     episodes,
     fingerprints_of,
+    own_reply,
 )
 from proxy.wire import recorded_dialect
 from proxy.wire.dialect import RequestError
@@ -110,7 +111,8 @@ def _entry(episode: Episode, action: str) -> dict:
 def replay(config: DetectConfig, record: Record) -> Replayed:
     """The episodes a proxy in observe mode would have logged for this conversation, in order."""
     messages = record.messages
-    turns = [i for i, m in enumerate(messages) if m.role == ASSISTANT]
+    # (An `Ok.` the agent recorded itself after its own note is no turn: no request ends before it.)
+    turns = [i for i, m in enumerate(messages) if m.role == ASSISTANT and not own_reply(messages, i)]
     # Every request the agent sent, and the next one, which carries the last turn (a record may end with it).
     ends = turns + [len(messages)]
     result = Replayed(record.source, len(turns))
