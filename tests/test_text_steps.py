@@ -234,3 +234,11 @@ def test_the_response_watcher_reads_text_actions():
     assert repeated is not None and repeated.type == "tool_call"
     moved_on = {"role": "assistant", "content": "Thought: try the docs.\nAction: search\nAction Input: {\"q\": \"x\"}"}
     assert ResponseWatcher(DEFAULT, state.clone(), decision, len(messages), False).finish(neutral([moved_on])[0]) is None
+
+
+def test_a_text_agents_edit_command_repeated_is_a_loop_whatever_its_observations():
+    edit = "DISCUSSION\nFix the return.\n\n```\nedit 12:12\n    return parse(value.strip())\nend_of_edit\n```"
+    observation = "[File: /repo/src/app.py ({n} lines total)]\n(Open file: /repo/src/app.py)\n(Current directory: /repo)\nbash-$"
+    steps = [(edit, observation.format(n=100 + i)) for i in range(5)]
+    assert kinds(chat("Fix the parser.", steps[:4])) == []
+    assert kinds(chat("Fix the parser.", steps)) == [(1, "tool_call", False)]
