@@ -242,3 +242,10 @@ def test_a_text_agents_edit_command_repeated_is_a_loop_whatever_its_observations
     steps = [(edit, observation.format(n=100 + i)) for i in range(5)]
     assert kinds(chat("Fix the parser.", steps[:4])) == []
     assert kinds(chat("Fix the parser.", steps)) == [(1, "tool_call", False)]
+
+
+def test_a_short_nudge_is_the_harness_from_its_repeat_on_and_its_first_time_a_persons():
+    reply = "I will look at the configuration next."
+    state, _ = analyze(DEFAULT, chat("Fix the parser.", [(reply, "go on")] * 3))
+    # The first `go on` opened a task (a person may say it); its repeats are the harness answering in it.
+    assert state.start == 4 and state.turns == 2

@@ -304,12 +304,17 @@ def _may_open_task(state: "TaskState", messages: list[Message], j: int) -> int |
 
 def _repeats_opener(state: "TaskState", messages: list[Message], j: int, reset_at: int) -> bool:
     """The text answering the assistant's text at j is the one that opened this task (numbers aside): the
-    harness answering again, so the task it opened never was one."""
+    harness answering again, so the task it opened never was one. Only a harness's template (a text long
+    enough to be compared numbers aside) is taken back so, and only while the task it opened has found
+    nothing (what it logged stays logged under it); a short nudge (`go on`) is the harness from its repeat on."""
     before = state.before
-    if before is None or before[1] < reset_at <= j:  # a reset between them forgives what came before
+    if before is None or state.findings or before[1] < reset_at <= j:  # a reset between forgives what came before
         return False
     at = _user_answer(messages, j)
-    return at is not None and _harness_key(messages[at].text) == before[2]
+    if at is None:
+        return False
+    form = harness_form(messages[at].text)
+    return len(form) >= _NUMBERS_ASIDE_FROM and digest(form) == before[2]
 
 
 def _tool_detail(found: ToolFinding) -> dict:
@@ -568,7 +573,8 @@ def episode_of(config: DetectConfig, number: int, finding: Finding, trips: list[
 
 def episodes(config: DetectConfig, state: TaskState, *, plan_mode: bool = False,
              judge_checks: list[JudgeCheck] = ()) -> list[Episode]:
-    """Number the task's findings: one episode per message, named after its first allowed rule."""
+    """Number the task's findings: one episode per step (a message, or one call of several in a message),
+    named after its first allowed rule."""
     trips_at: dict[tuple[int, int], tuple[Finding, list[tuple[str, dict]]]] = {}
     for finding in state.findings:
         trips = allowed_trips(finding, plan_mode)
