@@ -4,7 +4,9 @@ Each record is one conversation, replayed as the proxy would have seen it: one r
 (the messages before it), the assistant's turn as that request's answer, and the request after the last
 turn (also when the record ends with that turn: it gets the episodes the turn completes). A message holding
 several calls is several steps: after each of its calls but the last, a request with the message holding the
-calls so far and their results (as an agent that appends each step's call to one message sends them). The same engine
+calls so far and their results (as an agent that appends each step's call to one message sends them). A record
+cannot tell that agent from a model answering once with several calls; for the latter, a live proxy sees the
+calls at once, and where they complete the stop, it logs only the stop. The same engine
 folds each request; what is logged follows observe mode's rules (a warning when a request would first carry
 it, a stop once, a chant where a streamed answer would have been cut, nothing after a task's stop), so replay
 and a live proxy in observe mode find the same episodes.

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import aiohttp
+import openai
 import pytest
 
 from tests.agent import Agent
@@ -65,6 +66,15 @@ async def test_a_response_of_identical_parallel_calls_is_a_loop(upstream, proxy)
     agent.answer("contents of a.py")
     await agent.turn()
     assert warnings_in(upstream.chat_requests[1]) == ["[loopwarden] Loop detected (1/2): "]
+    await agent.close()
+    # Seven in one response are the 5th, 6th and 7th repeat: two warnings and the stop, at once.
+    agent = Agent(proxy.url, task="Read a.py seven times.")
+    upstream.script.append(Turn(tool_calls=[("read_file", {"path": "a.py"})] * 7))
+    await agent.turn()
+    agent.answer("contents of a.py")
+    with pytest.raises(openai.BadRequestError) as caught:
+        await agent.turn()
+    assert caught.value.response.headers["x-loopwarden-loop"] == "tool_call"
     await agent.close()
 
 
