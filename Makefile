@@ -5,6 +5,7 @@ STAMP := $(VENV)/.installed
 AGENTS_VENV := .venv-agents
 AGENTS_STAMP := $(AGENTS_VENV)/.installed
 CLAUDE_CODE := @anthropic-ai/claude-code@2.1.330
+GEMINI_CLI := @google/gemini-cli@0.61.0
 
 .PHONY: serve test bench migrate clean agents-check chromium
 
@@ -39,10 +40,10 @@ chromium:
 			echo "chromium is missing and cannot be installed here (it needs root and apt-get): the page tests will not run"; \
 		fi; }
 
-# smolagents, LlamaIndex, DSPy, pydantic-ai, the OpenAI Agents SDK and Claude Code (from npm, pinned) driven
-# through loopwarden, in an environment of their own. The Agents SDK goes in last: it wants a newer openai than
-# LlamaIndex declares (which works). Those packages leave their HTTP clients open at exit, hence the two
-# warnings ignored here only.
+# smolagents, LlamaIndex, DSPy, pydantic-ai, Google's ADK, the OpenAI Agents SDK, and Claude Code and Gemini CLI
+# (from npm, pinned) driven through loopwarden, in an environment of their own. The Agents SDK goes in last: it
+# wants a newer openai than LlamaIndex declares (which works). Those packages leave their HTTP clients open at
+# exit, hence the two warnings ignored here only.
 $(AGENTS_STAMP): pyproject.toml setup.py proxy/detect/_content.pyx
 	test -x $(AGENTS_VENV)/bin/python || $(PYTHON) -m venv $(AGENTS_VENV)
 	$(AGENTS_VENV)/bin/pip install --quiet --upgrade pip
@@ -50,8 +51,8 @@ $(AGENTS_STAMP): pyproject.toml setup.py proxy/detect/_content.pyx
 	$(AGENTS_VENV)/bin/pip install --quiet 'openai-agents>=0.20'
 	@if command -v npm >/dev/null 2>&1; then \
 		mkdir -p $(AGENTS_VENV)/node && cd $(AGENTS_VENV)/node && \
-		npm install --silent --no-audit --no-fund $(CLAUDE_CODE); \
-	else echo "npm is missing: the Claude Code check will not run (install Node.js and npm)"; fi
+		npm install --silent --no-audit --no-fund $(CLAUDE_CODE) $(GEMINI_CLI); \
+	else echo "npm is missing: the Claude Code and Gemini CLI checks will not run (install Node.js and npm)"; fi
 	touch $@
 
 agents-check: $(AGENTS_STAMP)

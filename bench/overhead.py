@@ -1,6 +1,6 @@
 """What loopwarden costs an agent, measured in one run against the same upstream.
 
-    .venv/bin/python bench/overhead.py [--quick]
+    .venv/bin/python bench/overhead.py [--quick] [--reasoning-only]
 
 Targets, in separate processes on this machine: a lean upstream, a bare aiohttp
 relay (the least any forwarding proxy costs), and loopwarden. The load comes
@@ -132,13 +132,13 @@ class Timer:
         return time.perf_counter() - started
 
     async def stream(self, url: str, pace_ms: float = 0, body: bytes | None = None,
-                     path: str = "/chat/completions") -> tuple[float, float]:
+                     path: str = "/chat/completions", headers: dict | None = None) -> tuple[float, float]:
         body = body or orjson.dumps({**orjson.loads(SMALL), "stream": True})
         started = time.perf_counter()
         first = None
         async with self.http.post(url + path, data=body,
                                   headers={"Content-Type": "application/json",
-                                           "X-Bench-Pace-Ms": str(pace_ms)}) as response:
+                                           "X-Bench-Pace-Ms": str(pace_ms), **(headers or {})}) as response:
             async for _ in response.content.iter_any():
                 if first is None:
                     first = time.perf_counter() - started
@@ -241,7 +241,30 @@ async def stream_table(timer: Timer, targets: dict[str, str], streams: int, body
     print(f"\nloopwarden's added total is {added_lw / added_relay:.2f}x the bare relay's\n")
 
 
-async def run(quick: bool) -> None:
+async def reasoning_streams(timer: Timer, targets: dict[str, str], streams: int) -> None:
+    """Streams whose first three quarters are `reasoning_content` deltas (which loopwarden watches too), against
+    streams of the same size whose tokens are all `content`: the cost of watching the reasoning."""
+    print(f"\n## Streaming with reasoning deltas, 200 chunks as fast as the upstream writes ({streams} streams "
+          "each, interleaved)\n")
+    kinds = {"with reasoning": {"X-Bench-Reasoning": "yes"}, "same size, no reasoning": {"X-Bench-Reasoning": "no"}}
+    results: dict[tuple[str, str], list[float]] = {(name, kind): [] for name in ("direct", "loopwarden")
+                                                   for kind in kinds}
+    for _ in range(streams):
+        for kind, headers in kinds.items():
+            for name in ("direct", "loopwarden"):
+                results[name, kind].append((await timer.stream(targets[name], headers=headers))[1])
+    print("| stream | direct total p50 ms | loopwarden total p50 ms | loopwarden added p50 ms |\n|---|---|---|---|")
+    added = {}
+    for kind in kinds:
+        direct, proxied = (statistics.median(results[name, kind]) for name in ("direct", "loopwarden"))
+        added[kind] = proxied - direct
+        print(f"| {kind} | {ms(direct)} | {ms(proxied)} | {ms(proxied - direct)} |")
+    with_reasoning, without = (statistics.median(results["loopwarden", kind]) for kind in kinds)
+    print(f"\nthrough loopwarden, a stream with reasoning deltas takes {with_reasoning / without:.3f}x the time of "
+          "one of the same size without them\n")
+
+
+async def run(quick: bool, reasoning_only: bool = False) -> None:
     scale = 0.2 if quick else 1.0
     processes = []
     tmp = tempfile.mkdtemp(prefix="lw-bench-")
@@ -268,6 +291,9 @@ async def run(quick: bool) -> None:
             timer = Timer(http)
             await sequential(timer, targets, 200)  # warm-up
             print(f"# loopwarden overhead benchmark ({os.cpu_count()} cores, Python {sys.version.split()[0]})\n")
+            if reasoning_only:
+                await reasoning_streams(timer, targets, int(300 * scale))
+                return
 
             rounds = int(2000 * scale)
             c1 = await sequential(timer, targets, rounds)
@@ -292,6 +318,7 @@ async def run(quick: bool) -> None:
                 what = "as fast as the upstream can write" if not pace else f"one chunk every {pace} ms"
                 print(f"\n## Streaming, 200 chunks, {what} ({streams} streams each, interleaved)\n")
                 await stream_table(timer, targets, streams, pace=pace)
+            await reasoning_streams(timer, targets, int(300 * scale))
             for api, path, small in (("Responses API", "/responses", RESPONSES_SMALL),
                                      ("Messages API", "/messages", MESSAGES_SMALL)):
                 await dialect_overhead(timer, targets, api, path, small, int(2000 * scale), int(300 * scale))
@@ -362,4 +389,7 @@ async def run(quick: bool) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a fifth of the requests, for a fast look")
-    asyncio.run(run(parser.parse_args().quick))
+    parser.add_argument("--reasoning-only", action="store_true",
+                        help="only the streams with reasoning deltas, against the same size without")
+    arguments = parser.parse_args()
+    asyncio.run(run(arguments.quick, arguments.reasoning_only))

@@ -33,10 +33,18 @@ STREAMING = [0]  # chat streams being written now (a stream whose client left en
 CHANT = "I will read the configuration file again to be sure. "
 
 
-def _chunk(i: int, chant: bool = False) -> bytes:
+def _chunk(i: int, chant: bool = False, reasoning: str | None = None) -> bytes:
+    """One chunk; with `reasoning` ("yes" or "no"), a stream of the same size either way: the token as
+    `reasoning_content` beside a null `content` (as DeepSeek and vLLM send it) for the first three quarters of
+    the stream when "yes", else as `content` beside a null `reasoning_content`."""
     content = CHANT if chant else f"token{i} "
+    delta: dict = {"content": content}
+    if reasoning is not None:
+        thinking = reasoning == "yes" and i < STREAM_CHUNKS * 3 // 4
+        delta = {"content": None, "reasoning_content": content} if thinking else \
+            {"content": content, "reasoning_content": None}
     data = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "bench",
-            "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}
+            "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
     return b"data: " + orjson.dumps(data) + b"\n\n"
 
 
@@ -46,6 +54,7 @@ async def upstream_chat(request: web.Request) -> web.StreamResponse:
         return web.Response(body=_completion(), content_type="application/json")
     pace = float(request.headers.get("X-Bench-Pace-Ms", "0")) / 1000  # seconds between chunks
     chant = "X-Bench-Chant" in request.headers  # the same sentence in every chunk: a stream to be cut
+    reasoning = request.headers.get("X-Bench-Reasoning")  # reasoning deltas in the stream, or the same size without
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     STREAMING[0] += 1
@@ -53,7 +62,7 @@ async def upstream_chat(request: web.Request) -> web.StreamResponse:
         for i in range(STREAM_CHUNKS):
             if pace:
                 await asyncio.sleep(pace)
-            await response.write(_chunk(i, chant))
+            await response.write(_chunk(i, chant, reasoning))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
     except ConnectionResetError:  # the client (the proxy, when its own client left) closed the connection

@@ -162,6 +162,7 @@ def _serve(settings: Settings, *, migrate: bool) -> int:
     from aiohttp import web
 
     from proxy.server.app import CLIENT_IDLE_TIMEOUT, create_app
+    from proxy.wire.dialect import shown
 
     if migrate:
         from proxy.store.database import run_migrations
@@ -170,8 +171,9 @@ def _serve(settings: Settings, *, migrate: bool) -> int:
     app = create_app(settings)
     app.on_startup.append(_settle_heap)
     logging.getLogger("loopwarden").info(
-        "loopwarden listening on http://%s:%s, upstream %s", settings.host, settings.port, settings.upstream_url
-    )
+        "loopwarden listening on http://%s:%s, upstreams %s (OpenAI), %s (Anthropic), %s (Gemini)", settings.host,
+        settings.port, shown(settings.upstream_url), shown(settings.anthropic_upstream_url),
+        shown(settings.gemini_upstream_url))
     web.run_app(app, host=settings.host, port=settings.port, shutdown_timeout=settings.shutdown_grace,
                 handler_cancellation=True, print=None, keepalive_timeout=CLIENT_IDLE_TIMEOUT,
                 access_log=logging.getLogger("aiohttp.access") if settings.log_level == "debug" else None)

@@ -75,6 +75,8 @@ def _summary(item: dict) -> str:
     detail = item["detail"] or {}
     if "repeated" in detail:
         text = f'"{detail["repeated"]}"'
+        if detail.get("channel"):  # a chant in the model's reasoning
+            return f"[{detail['channel']}] " + (text if len(text) <= 48 else text[:47] + "…")
     elif "cycle" in detail:
         text = " → ".join(detail["cycle"])
     elif "tool" in detail:

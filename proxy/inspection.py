@@ -87,7 +87,7 @@ def session_of(headers: Mapping[str, str], messages: list[Message], tenant: str,
     return "fp-" + digest(f"{tenant}\x00{system}\x00{first_user}").hex()[:16]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Context:
     """Whose an episode is: the proxy logs it under these."""
 
@@ -127,6 +127,7 @@ class Incoming:
     payload: dict
     dialect: Dialect
     chain: Chain | None = None  # what a request continuing a conversation the service keeps continues
+    path: str = ""  # the request's path, as sent (some dialects name the model there)
 
 
 @dataclass
@@ -183,13 +184,17 @@ class Inspector:
         headers, payload, dialect, chain = incoming.headers, incoming.payload, incoming.dialect, incoming.chain
         if self.is_judge(headers):
             return Forward(incoming.raw)  # the judge's own request: not a session's turn
+        raw = incoming.raw
+        cleaned = dialect.forwardable(payload)
+        if cleaned is not None:  # a block the service would refuse (one the proxy cut) is left out
+            payload, raw = cleaned, orjson.dumps(cleaned)
         conversation: Conversation = dialect.read(payload, chain.messages if chain is not None else None)
         messages = conversation.messages
         key_of_client = client_key(headers)
         tenant = tenant_of(key_of_client)
         session_id = session_of(headers, messages, tenant, chain, dialect.is_side_request(payload))
         answer_headers = {"X-Loopwarden-Session": session_id}
-        model = payload.get("model") if isinstance(payload.get("model"), str) else None
+        model = dialect.model(payload, incoming.path)
         key = (tenant, session_id)
         self._message_counts.put(key, len(messages))
         facts = self.facts
@@ -198,7 +203,7 @@ class Inspector:
         controls = facts.controls(tenant, session_id) if facts is not None else None
         if headers.get("X-Loopwarden-Disable", "").strip() in ("1", "true", "yes") or (
                 controls is not None and controls.disabled):
-            return Forward(incoming.raw, answer_headers)
+            return Forward(raw, answer_headers)
         modes = {mode.strip().lower() for mode in headers.get("X-Loopwarden-Mode", "").split(",")}
         plan_mode = "plan" in modes
         settings, config = self._settings_for(model)
@@ -213,12 +218,12 @@ class Inspector:
         stop = decision.stop
         if stop is not None:
             # A stop saves at least the request it refused (or, observed, would have refused).
-            self.sink.episode(context, stop, "stopped", None, len(incoming.raw) // 4)
+            self.sink.episode(context, stop, "stopped", None, len(raw) // 4)
             if not observe:
                 return Stop(stop, dialect.error_body(stop_text(stop), "loop_detected", "loop_detected"),
                             {**answer_headers, "X-Loopwarden-Loop": stop.type, "x-should-retry": "false"})
 
-        body = incoming.raw
+        body = raw
         warnings = decision.warnings
         # A warning is re-created at its place in every request; where the service keeps the conversation
         # (a chained request), the ones already sent are in it, and only new ones are added. Observe mode adds
@@ -249,7 +254,7 @@ class Inspector:
                   warned=warnings[-1] if warnings and not observe else None,
                   # After an observed would-be stop, the task logs nothing more.
                   deliver=decision.logged() if stop is None else [],
-                  keep=keep, cut_notice=settings.cut_notice, observe=observe)
+                  keep=keep, cut_notice=settings.cut_notice, observe=observe, read_reasoning=dialect.reasoning)
         judge = None
         if self.judging and settings.llm_check and model and \
                 check_due(state.turns, settings.llm_check_after_turns, checks):
@@ -274,9 +279,10 @@ class Tap:
     def __init__(self, assembler: StreamAssembler, read_answer: Callable[[dict], Message | None], sink: EpisodeSink,
                  context: Context, watcher: ResponseWatcher, max_completion: int, *, warned: Episode | None,
                  deliver: list[tuple[Episode, str]], keep: Callable[[Message, str | None], None] | None,
-                 cut_notice: bool, observe: bool) -> None:
+                 cut_notice: bool, observe: bool, read_reasoning: Callable[[dict], str] | None = None) -> None:
         self._assembler = assembler
         self._read_answer = read_answer
+        self._read_reasoning = read_reasoning  # the reasoning text of a non-streamed answer
         self._sink = sink
         self.context = context
         self._watcher = watcher
@@ -321,6 +327,11 @@ class Tap:
                 text, call_started = assembler.add(data, event.event)
             except (TypeError, AttributeError, KeyError, ValueError):
                 continue  # an event of a shape its API does not have: passed on as it came, not read
+            reasoning = assembler.last_reasoning
+            if reasoning:  # the turn's reasoning and its answer are one text for the chanting rule
+                found = self._watcher.reasoning(reasoning)
+                if found is not None and not self._observed_only(found):
+                    return event.end, self._ending(found)
             if text:
                 found = self._watcher.text(text)
                 if found is not None and not self._observed_only(found):
@@ -336,7 +347,9 @@ class Tap:
         return None
 
     def _saved(self) -> int:
-        return max(0, self._max_completion - len(self._assembler.text) // 4)
+        """The tokens the request could still have spent (its reasoning counts against its maximum too)."""
+        assembler = self._assembler
+        return max(0, self._max_completion - (len(assembler.text) + len(assembler.reasoning_text)) // 4)
 
     def _observed_only(self, episode: Episode) -> bool:
         """In observe mode a chant is logged where it would have been cut, and the stream goes on."""
@@ -390,6 +403,9 @@ class Tap:
             return
         if message is None:
             return
+        reasoning = self._read_reasoning(answer) if self._read_reasoning is not None else ""
+        if reasoning:  # no cut is possible here: the next request is warned
+            self._watcher.reasoning(reasoning)
         if message.text:
             self._watcher.text(message.text)
         self._finish(message, answer.get("id") if isinstance(answer.get("id"), str) else None)

@@ -11,8 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
 from dataclasses import dataclass
 
+from urllib.parse import quote
+
+import aiohttp
 import anthropic
 import openai
 import orjson
@@ -23,6 +27,8 @@ from proxy.detect.judge_policy import LOOP_CONFIDENCE, JudgeCheck
 log = logging.getLogger("loopwarden.judge")
 
 JUDGE_HEADER = "X-Loopwarden-Judge"  # the judge's own requests: never inspected, never a session's turn
+# Its value: drawn per process, so no client can pass its own requests off as the judge's (and skip inspection).
+JUDGE_TOKEN = secrets.token_urlsafe(24)
 PROMPT_VERSION = "2026-11-1"
 SYSTEM_PROMPT = f"""You review the work of an autonomous AI agent (prompt version {PROMPT_VERSION}).
 You are shown the task the user gave it and the latest messages of its work: its replies, the tool
@@ -102,16 +108,23 @@ def parse_answer(text: str | None) -> tuple[float | None, str]:
     return None, ""
 
 
+ANTHROPIC, GEMINI = "anthropic", "gcp.gemini"  # the providers judged in their own dialect
+
+
 class Judge:
-    """Asks over Chat Completions (`base_url`), or, for a session whose provider is Anthropic and no JUDGE_URL,
-    the Anthropic upstream in its own dialect (`anthropic_url`)."""
+    """Asks over Chat Completions (`base_url`), or, for a session whose provider is Anthropic or Gemini (and no
+    JUDGE_URL), that provider's upstream in its own dialect (`anthropic_url`, `gemini_url`)."""
 
     def __init__(self, base_url: str, api_key: str | None, timeout: float, concurrency: int,
-                 anthropic_url: str | None = None, anthropic_api_key: str | None = None) -> None:
+                 anthropic_url: str | None = None, anthropic_api_key: str | None = None,
+                 gemini_url: str | None = None, gemini_api_key: str | None = None) -> None:
         self.base_url = base_url
         self.api_key = api_key
         self.anthropic_url = anthropic_url
         self.anthropic_api_key = anthropic_api_key
+        self.gemini_url = gemini_url
+        self.gemini_api_key = gemini_api_key
+        self._gemini_http: aiohttp.ClientSession | None = None
         self.timeout = timeout
         self._limit = asyncio.Semaphore(concurrency)
         self._clients: dict[tuple[bool, str], openai.AsyncOpenAI | anthropic.AsyncAnthropic] = {}
@@ -124,10 +137,10 @@ class Judge:
         client = self._clients.pop((messages_api, key), None)
         if client is None and messages_api:
             client = anthropic.AsyncAnthropic(base_url=self.anthropic_url, api_key=key or "none", max_retries=0,
-                                              timeout=self.timeout, default_headers={JUDGE_HEADER: "1"})
+                                              timeout=self.timeout, default_headers={JUDGE_HEADER: JUDGE_TOKEN})
         elif client is None:
             client = openai.AsyncOpenAI(base_url=self.base_url, api_key=key or "none", max_retries=0,
-                                        timeout=self.timeout, default_headers={JUDGE_HEADER: "1"})
+                                        timeout=self.timeout, default_headers={JUDGE_HEADER: JUDGE_TOKEN})
         self._clients[(messages_api, key)] = client  # most recent last
         if len(self._clients) > MAX_CLIENTS:
             oldest = next(iter(self._clients))
@@ -141,16 +154,21 @@ class Judge:
         for client in self._clients.values():
             await client.close()
         self._clients.clear()
+        if self._gemini_http is not None:
+            await self._gemini_http.close()
 
     async def ask(self, model: str, client_key: str, request: str, window: list[Message],
-                  messages_api: bool = False) -> Answer:
+                  provider: str = "openai") -> Answer:
         """One model's answer; never raises (a failure is an answer without confidence)."""
         shown = render(request, window)
-        key = (self.anthropic_api_key if messages_api else self.api_key) or client_key
-        client = self._client(key, messages_api)
         async with self._limit:
             try:
                 async with asyncio.timeout(self.timeout):
+                    if provider == GEMINI:
+                        return await self._ask_gemini(self.gemini_api_key or client_key, model, shown)
+                    messages_api = provider == ANTHROPIC
+                    client = self._client((self.anthropic_api_key if messages_api else self.api_key) or client_key,
+                                          messages_api)
                     if messages_api:
                         return await self._ask_messages(client, model, shown)
                     return await self._ask(client, model, [{"role": "system", "content": SYSTEM_PROMPT},
@@ -186,13 +204,34 @@ class Judge:
         confidence, analysis = parse_answer(text)
         return Answer(confidence, analysis, message.usage.input_tokens + message.usage.output_tokens)
 
+    async def _ask_gemini(self, key: str, model: str, shown: str) -> Answer:
+        """The Gemini API's generateContent, asked for a JSON answer."""
+        if self._gemini_http is None:
+            self._gemini_http = aiohttp.ClientSession(headers={JUDGE_HEADER: JUDGE_TOKEN})
+        root = str(self.gemini_url).rstrip("/").removesuffix("/v1beta").removesuffix("/v1")
+        body = {"systemInstruction": {"parts": [{"text": SYSTEM_PROMPT}]},
+                "contents": [{"role": "user", "parts": [{"text": shown}]}],
+                "generationConfig": {"temperature": 0, "responseMimeType": "application/json"}}
+        async with self._gemini_http.post(f"{root}/v1beta/models/{quote(model, safe='')}:generateContent",
+                                          data=orjson.dumps(body), headers={"x-goog-api-key": key,
+                                                                            "Content-Type": "application/json"}
+                                          ) as answer:
+            if answer.status != 200:
+                raise RuntimeError(f"the Gemini API answered HTTP {answer.status}")
+            data = orjson.loads(await answer.read())
+        candidates = data.get("candidates") or [{}]
+        parts = (candidates[0].get("content") or {}).get("parts") or []
+        text = "".join(p.get("text", "") for p in parts if isinstance(p, dict) and not p.get("thought"))
+        confidence, analysis = parse_answer(text)
+        return Answer(confidence, analysis, (data.get("usageMetadata") or {}).get("totalTokenCount", 0))
+
     async def check(self, task: str, turn: int, model: str, confirm_model: str | None, client_key: str,
-                    request: str, window: list[Message], messages_api: bool = False) -> tuple[JudgeCheck, int]:
-        first = await self.ask(model, client_key, request, window, messages_api)
+                    request: str, window: list[Message], provider: str = "openai") -> tuple[JudgeCheck, int]:
+        first = await self.ask(model, client_key, request, window, provider)
         tokens = first.tokens
         confirm = None
         if confirm_model and first.confidence is not None and first.confidence >= LOOP_CONFIDENCE:
-            second = await self.ask(confirm_model, client_key, request, window, messages_api)
+            second = await self.ask(confirm_model, client_key, request, window, provider)
             tokens += second.tokens
             confirm = second.confidence
         return JudgeCheck(task, turn, first.confidence, confirm, first.analysis), tokens

@@ -39,7 +39,19 @@ class Turn:
     reject_response_format: tuple[str, ...] = ()  # answer 400 to these response_format types
     keepalive: bool = True
     burst: bool = False  # the whole stream in one write, as fast local models and buffering gateways send it
-    thinking: str | None = None  # Messages: a signed thinking block before the answer
+    thinking: str | None = None  # the model's reasoning before its answer, as each server streams it: Messages a
+    #   thinking block (signed once whole), Gemini `thought` parts, chat `reasoning_field` deltas, Responses a
+    #   reasoning item
+    thinking_chars: int | None = None  # characters per reasoning delta (None: all of it in one)
+    # chat: reasoning_content (DeepSeek, llama.cpp, SGLang), reasoning (vLLM), openrouter (`reasoning` beside
+    # `reasoning_details`), think (`<think>…</think>` inside `content`); Responses: summary (OpenAI's
+    # reasoning summaries) or reasoning_text (vLLM's and Ollama's gpt-oss)
+    reasoning_field: str = "reasoning_content"
+
+    def thinking_pieces(self) -> list[str]:
+        text = self.thinking or ""
+        step = self.thinking_chars or max(1, len(text))
+        return [text[i:i + step] for i in range(0, len(text), step)]
 
 
 @dataclass
@@ -189,6 +201,12 @@ class FakeUpstream:
         headers = {"x-request-id": f"req-{completion_id}", **turn.headers}
         if not body.get("stream"):
             message: dict[str, Any] = {"role": "assistant", "content": turn.content}
+            if turn.thinking is not None:
+                if turn.reasoning_field == "think":
+                    message["content"] = f"<think>{turn.thinking}</think>{turn.content or ''}"
+                else:
+                    message["reasoning_content" if turn.reasoning_field == "reasoning_content" else "reasoning"] = \
+                        turn.thinking
             if calls:
                 message["tool_calls"] = calls
             return web.json_response(
@@ -240,6 +258,19 @@ class FakeUpstream:
         yield chunk({"role": "assistant", "content": ""})
         if turn.keepalive:
             yield b": keep-alive\n\n"
+        field_name = turn.reasoning_field
+        if turn.thinking is not None and field_name == "think":
+            yield chunk({"content": "<think>"})
+        for piece in turn.thinking_pieces():
+            if field_name == "think":
+                yield chunk({"content": piece})
+            elif field_name == "openrouter":
+                yield chunk({"content": "", "reasoning": piece, "reasoning_details": [
+                    {"type": "reasoning.text", "text": piece, "format": "unknown", "index": 0}]})
+            else:
+                yield chunk({"content": None, field_name: piece})
+        if turn.thinking is not None and field_name == "think":
+            yield chunk({"content": "</think>"})
         text = turn.content or ""
         step = max(1, turn.chunk_chars)
         for start in range(0, len(text), step):
@@ -287,7 +318,8 @@ class FakeUpstream:
                                      status=404)
         if not isinstance(body.get("contents"), list):
             raise TypeError("contents must be a list")
-        turn = self._next_turn(body)
+        judged = "X-Loopwarden-Judge" in received.headers and self.judge is not None
+        turn = self.judge(body) if judged else self._next_turn(body)
         if turn.status != 200:
             return web.json_response(turn.error or {"error": {"code": turn.status, "message": "failed",
                                                               "status": "UNAVAILABLE"}}, status=turn.status)
@@ -296,7 +328,7 @@ class FakeUpstream:
         calls = [{"functionCall": {"name": name, "args": args if isinstance(args, dict) else orjson.loads(args)},
                   "thoughtSignature": base64.b64encode(f"sig-{response_id}-{index}".encode()).decode()}
                  for index, (name, args) in enumerate(turn.tool_calls)]
-        thought = [{"text": turn.thinking, "thought": True}] if turn.thinking else []
+        thought = [{"text": piece, "thought": True} for piece in turn.thinking_pieces()]
 
         def chunk(parts: list[dict], finish: str | None = None) -> dict:
             candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
@@ -309,7 +341,8 @@ class FakeUpstream:
 
         text = turn.content or ""
         if method == "generateContent":
-            parts = thought + ([{"text": text}] if text else []) + calls
+            parts = ([{"text": turn.thinking, "thought": True}] if turn.thinking else []) + \
+                ([{"text": text}] if text else []) + calls
             return web.json_response(chunk(parts, "STOP"))
         step = max(1, turn.chunk_chars)
         pieces = [chunk([part]) for part in thought] + [chunk([{"text": text[i:i + step]}])
@@ -338,6 +371,14 @@ class FakeUpstream:
         number = next(self._ids)
         response_id = f"resp_{number:04d}"
         output: list[dict] = []
+        if turn.thinking is not None:
+            reasoning: dict[str, Any] = {"id": f"rs_{number}", "type": "reasoning", "summary": []}
+            if turn.reasoning_field == "reasoning_text":
+                reasoning["content"] = [{"type": "reasoning_text", "text": turn.thinking}]
+            else:
+                reasoning["summary"] = [{"type": "summary_text", "text": turn.thinking}]
+                reasoning["encrypted_content"] = f"gAAAA-enc-{number}"
+            output.append(reasoning)
         if turn.content is not None:
             output.append({"id": f"msg_{number}", "type": "message", "status": "completed", "role": "assistant",
                            "content": [{"type": "output_text", "text": turn.content, "annotations": [],
@@ -376,7 +417,30 @@ class FakeUpstream:
         if turn.keepalive:
             yield b": keep-alive\n\n"
         for index, item in enumerate(response["output"]):
-            if item["type"] == "message":
+            if item["type"] == "reasoning":
+                yield event("response.output_item.added", output_index=index,
+                            item={"id": item["id"], "type": "reasoning", "summary": []})
+                if item.get("content"):  # gpt-oss on vLLM and Ollama: the raw reasoning as reasoning_text
+                    yield event("response.content_part.added", item_id=item["id"], output_index=index,
+                                content_index=0, part={"type": "reasoning_text", "text": ""})
+                    for piece in turn.thinking_pieces():
+                        yield event("response.reasoning_text.delta", item_id=item["id"], output_index=index,
+                                    content_index=0, delta=piece)
+                    yield event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                                content_index=0, text=turn.thinking)
+                    yield event("response.content_part.done", item_id=item["id"], output_index=index,
+                                content_index=0, part=item["content"][0])
+                else:
+                    yield event("response.reasoning_summary_part.added", item_id=item["id"], output_index=index,
+                                summary_index=0, part={"type": "summary_text", "text": ""})
+                    for piece in turn.thinking_pieces():
+                        yield event("response.reasoning_summary_text.delta", item_id=item["id"],
+                                    output_index=index, summary_index=0, delta=piece)
+                    yield event("response.reasoning_summary_text.done", item_id=item["id"], output_index=index,
+                                summary_index=0, text=turn.thinking)
+                    yield event("response.reasoning_summary_part.done", item_id=item["id"], output_index=index,
+                                summary_index=0, part=item["summary"][0])
+            elif item["type"] == "message":
                 text = item["content"][0]["text"]
                 yield event("response.output_item.added", output_index=index,
                             item={**item, "status": "in_progress", "content": []})
@@ -410,6 +474,14 @@ class FakeUpstream:
         if not isinstance(body.get("max_tokens"), int):
             return web.json_response({"type": "error", "error": {"type": "invalid_request_error",
                                                                  "message": "max_tokens: Field required"}}, status=400)
+        for m_index, sent in enumerate(body.get("messages") or []):
+            blocks = sent.get("content") if sent.get("role") == "assistant" else None
+            for b_index, block in enumerate(blocks if isinstance(blocks, list) else []):
+                if block.get("type") == "thinking" and not block.get("signature"):  # as Anthropic refuses it
+                    return web.json_response({"type": "error", "error": {
+                        "type": "invalid_request_error",
+                        "message": f"messages.{m_index}.content.{b_index}.thinking.signature: Field required"}},
+                        status=400)
         if "X-Loopwarden-Judge" in received.headers and self.judge is not None:
             turn = self.judge(body)
         else:
@@ -453,8 +525,8 @@ class FakeUpstream:
             if block["type"] == "thinking":
                 yield event("content_block_start", index=index,
                             content_block={"type": "thinking", "thinking": "", "signature": ""})
-                yield event("content_block_delta", index=index,
-                            delta={"type": "thinking_delta", "thinking": block["thinking"]})
+                for piece in turn.thinking_pieces():
+                    yield event("content_block_delta", index=index, delta={"type": "thinking_delta", "thinking": piece})
                 yield event("content_block_delta", index=index,
                             delta={"type": "signature_delta", "signature": block["signature"]})
             elif block["type"] == "text":

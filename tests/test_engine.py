@@ -456,6 +456,16 @@ def test_codex_shell_outputs_differing_only_in_chunk_id_and_wall_time_are_the_sa
     assert kinds(conversation(user("go"), *calls)) == [(1, "tool_call")]
 
 
+def test_gemini_cli_shell_outputs_differing_only_in_their_process_group_are_the_same_failure():
+    outputs = ["<untrusted_context>\nOutput: F\nFAIL: test_add (__main__.T.test_add)\nTraceback (most recent call "
+               "last):\n  File \"/work/calc/test_calc.py\", line 8, in test_add\nAssertionError: 0 != 4\n\n"
+               f"Ran 1 test in 0.00{i}s\n\nFAILED (failures=1)\nExit Code: 1\nProcess Group PGID: {29753 + 31 * i}\n"
+               "</untrusted_context>" for i in range(3)]
+    calls = [step("run_shell_command", {"command": "python3 test_calc.py"}, out) for out in outputs]
+    found = eps(conversation(user("go"), *calls))
+    assert [(e.type, e.detail["tool"]) for e in found] == [("tool_error", "run_shell_command")]
+
+
 def test_shell_line_numbers_do_not_hide_the_same_failure():
     calls = [step("bash", {"command": "cd fastjson/"}, f"/bin/bash: line {11301 + 7 * i}: cd: fastjson/: "
                                                        "No such file or directory") for i in range(3)]

@@ -103,6 +103,7 @@ async def test_a_chanting_stream_is_cut_cleanly_and_logged_as_gemini(upstream, p
 
     (detection,) = await wait_for(logged)
     assert (detection["type"], detection["action"], detection["detail"]["api"]) == ("content", "cut", "gemini")
+    assert detection["model"] == "gemini-test"  # named in the path only
 
 
 async def test_count_tokens_and_the_models_list_pass_untouched(upstream, proxy_factory):
@@ -117,3 +118,42 @@ async def test_count_tokens_and_the_models_list_pass_untouched(upstream, proxy_f
     assert all(r.headers["x-goog-api-key"] == "gemini-key-1" for r in upstream.requests)
     assert orjson.loads(upstream.requests[0].body)["contents"][0]["parts"][0]["text"] == "hello"
     await client.aio.aclose()
+
+
+async def test_a_gemini_session_is_judged_by_the_gemini_upstream_in_its_own_dialect(upstream):
+    """No JUDGE_URL: the judge of a Gemini session asks generateContent, with the session's key, for JSON."""
+    from proxy.conversation import Message
+    from proxy.judge import GEMINI, Judge
+    from tests.test_judge import verdict
+
+    upstream.judge = lambda body: verdict(0.95, "it reads calc.py again and again")
+    judge = Judge(upstream.url, None, 5.0, 2, gemini_url=upstream.root + "/v1beta")
+    check, tokens = await judge.check("task-1", 30, "gemini-test", None, "gemini-key-1", "Make the tests pass.",
+                                      [Message("assistant", "Reading calc.py again.")], GEMINI)
+    await judge.close()
+    assert (check.confidence, check.analysis, tokens) == (0.95, "it reads calc.py again and again", 17)
+    (asked,) = upstream.requests
+    assert asked.path == "/v1beta/models/gemini-test:generateContent"
+    assert asked.headers["x-goog-api-key"] == "gemini-key-1"
+    body = asked.json
+    assert body["generationConfig"]["responseMimeType"] == "application/json"
+    assert "Make the tests pass." in body["contents"][0]["parts"][0]["text"]
+
+
+def test_replay_reads_gemini_request_bodies(tmp_path):
+    from proxy.detect.engine import DetectConfig
+    from proxy.replay import read_records, replay
+
+    contents = [{"role": "user", "parts": [{"text": "Make the tests pass."}]}]
+    for _ in range(7):
+        contents += [{"role": "model", "parts": [{"functionCall": {"name": "read_file", "args": {"path": "calc.py"}},
+                                                  "thoughtSignature": "c2ln"}]},
+                     {"role": "user", "parts": [{"functionResponse": {"name": "read_file",
+                                                                      "response": {"output": "def add(): ..."}}}]}]
+    path = tmp_path / "gemini.jsonl"
+    path.write_bytes(orjson.dumps({"contents": contents, "systemInstruction": {"parts": [{"text": "Be brief."}]}}))
+    (record,), errors = read_records([str(path)])
+    assert errors == []
+    found = replay(DetectConfig(), record).episodes
+    assert [(e["turn"], e["type"], e["action"]) for e in found] == [
+        (5, "tool_call", "warned"), (6, "tool_call", "warned"), (7, "tool_call", "stopped")]

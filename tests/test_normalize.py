@@ -17,6 +17,7 @@ from proxy.detect.normalize import mask
     ("Date: Mon, 3 Jan 2024 over", "Date: \x00 over"),
     ("Thu 12 February 2023", "\x00"),
     ("worker pid 1234 and PID:42", "worker \x00 and \x00"),
+    ("Exit Code: 1\nProcess Group PGID: 29753 and pgid=7", "Exit Code: 1 Process Group \x00 and \x00"),
     ("wrote /tmp/build-8f3a/out.json: ok", "wrote \x00: ok"),
     ("wrote /private/var/folders/ab/x.log", "wrote \x00"),
     (r"at C:\Users\me\AppData\Local\Temp\x.log", "at C:\\Users\\me\x00"),

@@ -149,3 +149,20 @@ def test_named_events_read_whole_or_split_alike(events, cuts):
     assert [(e.event, orjson.loads(e.data)["t"]) for e in whole] == events
     assert whole[-1].end == len(raw)
     assert parse_in_pieces(raw, [c for c in cuts if c <= len(raw)]) == [e._replace(end=0) for e in whole]
+
+
+def test_an_event_past_the_size_limit_is_skipped_and_the_next_one_read():
+    from proxy.wire.sse import MAX_EVENT_BYTES
+
+    parser = SSEParser()
+    endless = b"data: " + b"x" * (MAX_EVENT_BYTES + 10)  # one line with no end, in reads of 64 KiB
+    events = []
+    for start in range(0, len(endless), 65536):
+        events += parser.feed(endless[start:start + 65536])
+    assert events == []
+    tail = b"\n\ndata: {\"after\": 1}\n\n"
+    (event,) = parser.feed(tail)
+    assert event.data == b'{"after": 1}' and event.end == len(tail)
+    many_lines = b"".join(b"data: " + b"y" * 1000 + b"\n" for _ in range(MAX_EVENT_BYTES // 1000 + 2))
+    assert parser.feed(many_lines + b"\n") == []  # an event of many lines, too large in all
+    assert [e.data for e in parser.feed(b"data: ok\n\n")] == [b"ok"]

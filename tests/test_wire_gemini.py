@@ -86,6 +86,7 @@ def test_errors_in_googles_shape_and_requests_claimed_by_their_key():
         "https://gemini.test/v1beta/models/g:generateContent?key=server-key&alt=sse"
     assert gemini.max_output_tokens({"generationConfig": {"maxOutputTokens": 256}}) == 256
     assert gemini.wrote(PAYLOAD) and not gemini.wrote({"messages": []})
+    assert gemini.model(PAYLOAD, "/v1beta/models/gemini-2.5-pro:streamGenerateContent") == "gemini-2.5-pro"
 
 
 def test_gemini_clis_own_loop_notice_starts_no_task():

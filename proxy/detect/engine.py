@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from proxy.detect.content import ContentTracker
+from proxy.detect.content import Chant, ContentTracker
 from proxy.detect.judge_policy import JudgeCheck
 from proxy.detect.normalize import canonical_arguments, digest, excerpt, is_error_form, mask
 from proxy.detect.text_steps import (
@@ -343,8 +343,23 @@ def _readable(masked: str) -> str:
     return masked.replace("\x00", "…")
 
 
-def chant_detail(chant) -> dict:
-    return {"repeated": excerpt(chant.repeated, 200), "occurrences": chant.occurrences}
+REASONING = "reasoning"  # the channel of a model's reasoning (the answer is the other)
+# The cut notice of a chant completed inside the reasoning (the answer holds only the notice): its count.
+_REASONING_CUT = re.compile(re.escape(CUT_NOTICE_PREFIX) + r" the same text repeated (\d+) times in the reasoning\.")
+
+
+def chant_detail(chant, channel: str | None = None) -> dict:
+    detail = {"repeated": excerpt(chant.repeated, 200), "occurrences": chant.occurrences}
+    if channel == REASONING:
+        detail["channel"] = REASONING
+    return detail
+
+
+def reasoning_cut(text: str) -> Chant | None:
+    """A message the proxy cut inside its reasoning: the chant its notice reports (the reasoning itself is not
+    in the conversation a client sends on, or not reliably), so the next request carries its warning."""
+    found = _REASONING_CUT.search(text) if CUT_NOTICE_PREFIX in text else None
+    return Chant("", int(found.group(1))) if found else None
 
 
 def choose_trip(trips: list[tuple[str, dict]], previous_type: str | None) -> tuple[str, dict]:
@@ -369,17 +384,29 @@ class Turn:
         self.turn = state.turns
         state.content.threshold = config.content_threshold(self.turn)
         self.chant = None
+        self.channel: str | None = None  # the channel of the text last fed: where a chant completes
         self.tool_found: dict[str, ToolFinding] = {}  # the first finding of each type in this turn
         self._text_ended = False
         self._chant_told = False  # the chant went into a step's finding already
         self._last_step = step  # the step the turn's end belongs to
 
-    def text(self, piece: str) -> bool:
-        """Feed text; True when it completed a chant."""
+    def text(self, piece: str, channel: str | None = None) -> bool:
+        """Feed text (`channel` REASONING for the model's reasoning: the turn's reasoning and its answer are one
+        text); True when it completed a chant."""
         if self.chant is None and not self._text_ended:
+            self.channel = channel
             self.chant = self.state.content.feed(piece)
             return self.chant is not None
         return False
+
+    def chant_detail(self) -> dict:
+        return chant_detail(self.chant, self.channel)
+
+    def cut_in_reasoning(self, chant: Chant) -> None:
+        """The proxy cut this turn inside its reasoning (its notice says so): the chant counts as found."""
+        if self.chant is None:
+            self.chant, self.channel = chant, REASONING
+            self.state.content.reset()
 
     def end_text(self) -> bool:
         """The text is over (a tool call began, or the message ended)."""
@@ -424,7 +451,7 @@ class Turn:
         trips = [(kind, _tool_detail(self.tool_found[kind])) for kind in TYPES if kind in self.tool_found]
         self.tool_found = {}
         if self.chant is not None and not self._chant_told:
-            trips.append(("content", chant_detail(self.chant)))
+            trips.append(("content", self.chant_detail()))
             self._chant_told = True
         if not trips:
             return None
@@ -495,6 +522,10 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
             turn = Turn(config, state, j)
             if text:
                 turn.text(text)
+            if was_cut:
+                cut = reasoning_cut(message.text)
+                if cut is not None:
+                    turn.cut_in_reasoning(cut)
             turn.tool_calls(calls, after)
             turn.finish(after, was_cut)
             j = after
@@ -643,13 +674,17 @@ class ResponseWatcher:
             return None
         turn = self._turn
         finding = Finding(turn.message_index, turn.message_index + 1, turn.turn,
-                          [("content", chant_detail(turn.chant))], was_cut=True)
+                          [("content", turn.chant_detail())], was_cut=True)
         self.episode = episode_of(self.config, self.next_number, finding, finding.trips, None)
         return self.episode
 
     def text(self, piece: str) -> Episode | None:
         """Streamed text; an episode when it completes a chant (the stream is to be cut)."""
         return self._content_episode() if self._turn.text(piece) else None
+
+    def reasoning(self, piece: str) -> Episode | None:
+        """Streamed reasoning: the same window as the answer that follows it."""
+        return self._content_episode() if self._turn.text(piece, REASONING) else None
 
     def tool_call_started(self) -> Episode | None:
         return self._content_episode() if self._turn.end_text() else None

@@ -26,7 +26,7 @@ _NOISE = re.compile(
         )
       | (?:(?<=M)on|(?<=T)(?:ue|hu)|(?<=W)ed|(?<=F)ri|(?<=S)(?:at|un)),?\x20\d{1,2}\x20            # dates
         (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\x20\d{1,4}
-      | (?<=[pP])(?:id|ID)[\x20:=#]*\d+                                                 # process ids
+      | (?<=[pP])(?:g?id|G?ID)[\x20:=#]*\d+                  # process and process group ids (Gemini CLI's PGID)
       | (?<=/)(?:private/)?(?:tmp|var/tmp|var/folders)/[^\s'"`:,;)\]}]*                   # temporary paths
       | (?<=\\)(?:AppData\\Local\\)?Temp\\[^\s'"`:,;)\]}]*
     )

@@ -26,7 +26,9 @@ def describe(episode: Episode) -> str:
         return (f"`{d['tool']}` with {d['arguments']} failed {d['repeats']} times with the same error: "
                 f"{d['error']}")
     if episode.type == "content":
-        return f"your reply keeps repeating the same text: \"{d['repeated'].strip()}\""
+        where = "reasoning" if d.get("channel") == "reasoning" else "reply"
+        repeated = d["repeated"].strip()
+        return f"your {where} keeps repeating the same text" + (f": \"{repeated}\"" if repeated else "")
     return f"a review of this task found it is no longer making progress ({d.get('analysis') or 'no detail'})"
 
 
@@ -62,5 +64,7 @@ def stop_text(episode: Episode) -> str:
 
 
 def cut_notice(episode: Episode) -> str:
-    """The last text delta of a cut stream: why the text stops here."""
-    return f"\n\n{CUT_NOTICE_PREFIX} the same text repeated {episode.detail.get('occurrences', 0)} times."
+    """The last text delta of a cut stream: why the text stops here (and, cut inside the reasoning, that the
+    reasoning repeated: the answer holds only this notice, and later requests read the cut from it)."""
+    where = " in the reasoning" if episode.detail.get("channel") == "reasoning" else ""
+    return f"\n\n{CUT_NOTICE_PREFIX} the same text repeated {episode.detail.get('occurrences', 0)} times{where}."

@@ -21,6 +21,10 @@ RETRY_DELAY = 1.0
 TIMEOUT = 10.0
 
 
+def _slack(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def alert_payload(record: dict, public_url: str | None) -> dict:
     """What a hook receives for one logged episode (a detection record), with a line a chat app shows."""
     detail = record["detail"]
@@ -29,9 +33,11 @@ def alert_payload(record: dict, public_url: str | None) -> dict:
     link = f"{public_url.rstrip('/')}/loopwarden/#open={quote(record['session_id'], safe='')}" if public_url else None
     episode = f"{record['episode']}/{record['episode_limit']}"
     observed = "" if record["enforced"] else " (observe mode: nothing changed)"
-    text = (f"loopwarden {record['action']} a {record['type']} loop ({what}, episode {episode}, "
-            f"turn {record['turn']}) in session {record['session_id']}{observed}"
-            + (f": {evidence}" if evidence else "") + (f" — {link}" if link else ""))
+    # Slack reads `<...>` as markup (`<!here>` pings a channel, `<url|text>` is a link): a client's words are
+    # escaped, as Slack asks, so they show as typed.
+    text = (f"loopwarden {record['action']} a {record['type']} loop ({_slack(what)}, episode {episode}, "
+            f"turn {record['turn']}) in session {_slack(record['session_id'])}{observed}"
+            + (f": {_slack(evidence)}" if evidence else "") + (f" — {link}" if link else ""))
     return {"event": f"loop.{record['action']}", "session_id": record["session_id"], "tenant": record["tenant"],
             "model": record["model"], "type": record["type"], "action": record["action"], "episode": episode,
             "turn": record["turn"], "evidence": evidence, "api": detail.get("api"),

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 import zlib
 from typing import AsyncIterator
+from urllib.parse import unquote
 
 import aiohttp
 import orjson
@@ -122,10 +124,11 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
     guard = request.app[GUARD]
     began = time.perf_counter()
     if span is not None:
-        Telemetry.request(span, payload, dialect)
+        Telemetry.request(span, payload, dialect, request.rel_url.raw_path)
     chain = await guard.chain.load(request.headers, payload, dialect)
     try:
-        verdict = guard.inspector.inspect(Incoming(request.headers, raw, payload, dialect, chain), span)
+        verdict = guard.inspector.inspect(Incoming(request.headers, raw, payload, dialect, chain,
+                                                   request.rel_url.raw_path), span)
     except RequestError as exc:
         return refused(str(exc), "invalid_value")
     if isinstance(verdict, Stop):
@@ -311,6 +314,18 @@ async def gemini_passthrough(request: web.Request) -> web.StreamResponse:
     return await passthrough(request, GEMINI)
 
 
+def inspected_alias(raw_path: str) -> str | None:
+    """The watched path that `raw_path` spells another way (`/v1//chat/completions`, a trailing slash,
+    `chat%2fcompletions`), if it is one."""
+    canonical = re.sub(r"/+", "/", unquote(raw_path)).rstrip("/")
+    if canonical == raw_path:
+        return None
+    if canonical in ROUTES:
+        return canonical
+    head, _, target = canonical.rpartition("/models/")
+    return canonical if head in ("/v1", "/v1beta") and gemini_inspected(target) else None
+
+
 async def passthrough(request: web.Request, dialect: Dialect | None = None) -> web.StreamResponse:
     """Any other /v1/ path: method, query, headers, body and status, streamed both ways; to the upstream of the
     dialect that claims the request (the Anthropic upstream when it carries `anthropic-version`)."""
@@ -318,6 +333,10 @@ async def passthrough(request: web.Request, dialect: Dialect | None = None) -> w
     tail = request.rel_url.raw_path.split("/", 2)[-1]
     if climbs(tail):
         return json_error(400, "the path may not leave /v1/: '.' and '..' segments, plain or encoded, are refused",
+                          "invalid_request_error", "invalid_path")
+    canonical = inspected_alias(request.rel_url.raw_path)
+    if canonical is not None:  # relayed as it is, the conversation would go by unwatched
+        return json_error(400, f"use the path {canonical}: another spelling of a watched path is refused",
                           "invalid_request_error", "invalid_path")
     _check_length(request)
     dialect = relay_dialect(request.headers, request.rel_url.query, dialect or OPENAI)
@@ -445,9 +464,11 @@ def create_app(settings: Settings) -> web.Application:
                           handler_args={"auto_decompress": False})  # request bodies relayed as they came
     metrics = Metrics()
     store = Store(settings.database_url, settings.log_buffer_size, on_drop=metrics.log_dropped.inc,
+                  on_reject=metrics.log_rejected.inc,
                   response_retention_days=settings.response_retention_days,
                   detection_retention_days=settings.detection_retention_days)
     guard = guard_module.Guard(settings, store, metrics)
+    metrics.log_failing.set_function(store.writer.failing_for)
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app[GUARD] = guard

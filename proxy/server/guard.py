@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from typing import Mapping
 
 from proxy.config import Settings
 from proxy.conversation import Chain
 from proxy.detect.judge_policy import judge_window
 from proxy.inspection import Inspector, JudgeDue, client_key, tenant_of
-from proxy.judge import JUDGE_HEADER, Judge
+from proxy.judge import JUDGE_HEADER, JUDGE_TOKEN, Judge
 from proxy.server.alerts import Alerts
 from proxy.server.episodes import EpisodeLog
 from proxy.store.writer import SessionSeen
@@ -85,9 +86,9 @@ class JudgeScheduler:
             request, window = judge_window(due.messages, due.task_start)
             model = self.settings.judge_model or due.context.model
             # A session is judged by its own provider, in its own dialect, unless JUDGE_URL names another.
-            own_dialect = provider == "anthropic" and self.settings.judge_url is None
             check, tokens = await self.judge.check(due.task, due.turn, model, self.settings.judge_confirm_model,
-                                                   due.client_key, request, window, own_dialect)
+                                                   due.client_key, request, window,
+                                                   provider if self.settings.judge_url is None else "openai")
             self.store.record_judge_check(due.context.tenant, due.context.session_id, check, model, tokens)
             if self.metrics is not None:
                 outcome = "none" if check.confidence is None else \
@@ -105,8 +106,9 @@ class JudgeScheduler:
 
 
 def is_judge(headers: Mapping[str, str]) -> bool:
-    """The judge's own requests: never inspected, never a session's turn."""
-    return bool(headers.get(JUDGE_HEADER))
+    """This process's judge's own requests (when JUDGE_URL points back at the proxy): never inspected, never a
+    session's turn. A client sending the header without this process's token is inspected like any other."""
+    return secrets.compare_digest(headers.get(JUDGE_HEADER, "").encode(), JUDGE_TOKEN.encode())
 
 
 class Guard:
@@ -122,7 +124,8 @@ class Guard:
         self.chain = ResponseChain(store)
         judge = Judge(settings.judge_url or settings.upstream_url, settings.judge_api_key or settings.upstream_api_key,
                       settings.judge_timeout, settings.judge_concurrency, anthropic_root(settings.anthropic_upstream_url),
-                      settings.judge_api_key or settings.anthropic_upstream_api_key,
+                      settings.judge_api_key or settings.anthropic_upstream_api_key, settings.gemini_upstream_url,
+                      settings.judge_api_key or settings.gemini_upstream_api_key,
                       ) if settings.llm_check and store is not None else None
         self.inspector = Inspector(settings, StoreFacts(store) if store is not None else None, self.episodes,
                                    judging=judge is not None, keep=self.chain.keep if store is not None else None,

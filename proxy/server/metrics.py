@@ -39,6 +39,10 @@ class Metrics:
         self.loop_tasks.set_function(_loop_tasks)
         self.log_dropped = Counter("loopwarden_log_writes_dropped", "Log records dropped because the buffer was full",
                                    registry=r)
+        self.log_rejected = Counter("loopwarden_log_records_rejected", "Log records the database refused even alone, "
+                                    "kept in the dead_letters table", registry=r)
+        self.log_failing = Gauge("loopwarden_log_writer_failing_seconds", "Seconds the log writer has been failing "
+                                 "to write (0 when it writes)", registry=r)
         self.judge_checks = Counter("loopwarden_judge_checks", "Judge checks, by outcome", ["outcome"], registry=r)
         self.judge_tokens = Counter("loopwarden_judge_tokens", "Tokens the judge used", registry=r)
         self.webhook_deliveries = Counter("loopwarden_webhook_deliveries",

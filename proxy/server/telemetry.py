@@ -49,9 +49,9 @@ class Telemetry:
                                                   "loopwarden.api": dialect.name})
 
     @staticmethod
-    def request(span, payload: dict, dialect) -> None:
-        model = payload.get("model")
-        if isinstance(model, str):
+    def request(span, payload: dict, dialect, raw_path: str) -> None:
+        model = dialect.model(payload, raw_path)
+        if model is not None:
             span.update_name(f"chat {model}")
             span.set_attribute("gen_ai.request.model", model)
         limit = dialect.max_output_tokens(payload)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import re
 from contextlib import asynccontextmanager
@@ -14,7 +15,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.config import Settings
-from proxy.wire.dialect import Dialect
+from proxy.wire.dialect import Dialect, shown
 from proxy.wire.errors import error_body
 
 log = logging.getLogger("loopwarden.upstream")
@@ -51,9 +52,11 @@ def json_error(status: int, message: str, type_: str, code: str | None = None,
 def upstream_headers(request: web.Request, settings: Settings, dialect: Dialect, *,
                      identity: bool) -> CIMultiDict[str]:
     headers: CIMultiDict[str] = CIMultiDict()
+    # Headers the client names in `Connection` are for this hop only too (RFC 9110 §7.6.1).
+    named = {token.strip().lower() for value in request.headers.getall("Connection", ()) for token in value.split(",")}
     for name, value in request.headers.items():
         lower = name.lower()
-        if lower in _NOT_FORWARDED_UP or lower.startswith("x-loopwarden-"):
+        if lower in _NOT_FORWARDED_UP or lower in named or lower.startswith("x-loopwarden-"):
             continue
         headers.add(name, value)
     dialect.authorize(headers, settings)
@@ -89,11 +92,17 @@ def make_client_session(settings: Settings) -> aiohttp.ClientSession:
 @asynccontextmanager
 async def open_upstream(session: aiohttp.ClientSession, method: str, url: URL, headers: CIMultiDict[str],
                         data) -> AsyncIterator[aiohttp.ClientResponse]:
-    """Send the request; failures before a response are raised as UpstreamFailure."""
+    """Send the request; failures before a response are raised as UpstreamFailure. Credentials in the URL
+    (`https://user:pass@host/v1`) travel as its Authorization header, in place of the client's."""
+    if url.user is not None:
+        headers = CIMultiDict(headers)
+        pair = f"{url.user or ''}:{url.password or ''}".encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+        url = url.with_user(None)
     try:
         response = await session.request(method, url, headers=headers, data=data, allow_redirects=False)
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        raise UpstreamFailure(504, "upstream_timeout", f"upstream did not answer in time ({url})") from exc
+        raise UpstreamFailure(504, "upstream_timeout", f"upstream did not answer in time ({shown(url)})") from exc
     except aiohttp.ClientConnectorError as exc:
         raise UpstreamFailure(502, "upstream_unreachable", f"upstream unreachable: {exc.os_error or exc}") from exc
     except aiohttp.ClientError as exc:

@@ -120,6 +120,19 @@ class ResponseRow(Base):
     )
 
 
+class DeadLetter(Base):
+    """A log record the database refused even alone (after its batch failed and was split): kept here, with
+    the reason, for an operator to read, instead of holding back every record behind it."""
+
+    __tablename__ = "dead_letters"
+
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime())
+    kind: Mapped[str] = mapped_column(String(32))  # the table the record was for
+    reason: Mapped[str] = mapped_column(Text())
+    record: Mapped[str] = mapped_column(Text())  # the record as JSON text
+
+
 # -- The overview's counts, kept by the log writer in the same transaction as the rows they count (see
 # proxy/store/rollup.py). Buckets are named by their start in Unix seconds.
 

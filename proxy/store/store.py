@@ -34,6 +34,7 @@ JUDGED_SESSIONS = 20_000  # sessions whose judge checks are kept in memory, leas
 CHECKS_PER_SESSION = 64  # the latest checks of each (the judge checks a task every few turns)
 MAX_CHAIN = 5_000  # responses followed back from one request
 MAX_STORED_TEXT = 16_000  # characters kept of each message's text and each call's arguments
+WRITER_FAILING_READY = 30.0  # seconds of failing writes after which /readyz says the proxy is not ready
 PERSIST_WAIT = 1.0  # seconds an answer the service keeps may wait for its record to be written
 
 
@@ -56,10 +57,11 @@ NO_CONTROLS = Controls()
 
 class Store:
     def __init__(self, database_url: str, buffer_size: int = 10_000, on_drop=None,
-                 response_retention_days: float = 30.0, detection_retention_days: float | None = None) -> None:
+                 response_retention_days: float = 30.0, detection_retention_days: float | None = None,
+                 on_reject=None) -> None:
         self.database_url = database_url
         self.engine: AsyncEngine = create_engine(database_url)
-        self.writer = LogWriter(database_url, buffer_size, on_drop=on_drop)
+        self.writer = LogWriter(database_url, buffer_size, on_drop=on_drop, on_reject=on_reject)
         self._controls: dict[tuple[str, str], Controls] = {}
         self._checks = LRU(JUDGED_SESSIONS)  # (tenant, session) -> LRU of (task, turn) -> JudgeCheck
         self._controls_seen: datetime | None = None
@@ -90,7 +92,8 @@ class Store:
         await self.engine.dispose()
 
     async def ready(self) -> bool:
-        return await ping(self.engine)
+        """The database answers, and the log writer is not stuck failing."""
+        return self.writer.failing_for() < WRITER_FAILING_READY and await ping(self.engine)
 
     # -- the request path: memory only ------------------------------------------------------------------------
 

@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
-from sqlalchemy import bindparam, func, update
+import orjson
+from sqlalchemy import BigInteger, Integer, String, bindparam, func, insert, update
 from sqlalchemy.engine import make_url
 
 from proxy.store import rollup
-from proxy.store.database import create_engine, dialect_insert
-from proxy.store.models import Detection, JudgeCheckRow, ResponseRow, SessionRow
+from proxy.store.database import create_engine, dialect_insert, ping
+from proxy.store.models import DeadLetter, Detection, JudgeCheckRow, ResponseRow, SessionRow
 
 log = logging.getLogger("loopwarden.store")
 
@@ -29,6 +30,50 @@ DROP_LOG_EVERY = 10.0
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+_INT_RANGES = {Integer: (-2**31, 2**31 - 1), BigInteger: (-2**63, 2**63 - 1)}
+
+
+def _limits(table) -> dict[str, tuple]:
+    """Per column of a table: ("text", length) or ("int", lowest, highest), what the column can hold."""
+    limits: dict[str, tuple] = {}
+    for column in table.__table__.columns:
+        kind = type(column.type)
+        if isinstance(column.type, String) and column.type.length:
+            limits[column.name] = ("text", column.type.length)
+        elif kind in _INT_RANGES or isinstance(column.type, Integer):
+            limits[column.name] = ("int", *_INT_RANGES.get(kind, _INT_RANGES[Integer]))
+    return limits
+
+
+_LIMITS: dict = {}
+
+
+def _clean_text(value, length: int):
+    """Text as a column holds it: no NUL (PostgreSQL refuses it), at most `length` characters."""
+    if not isinstance(value, str):
+        return value
+    if "\x00" in value:
+        value = value.replace("\x00", "")
+    return value[:length]
+
+
+def _clean(table, values: dict) -> dict:
+    """A record's values clipped to what its columns hold, before it is queued: a value from a client (a model
+    name, an id, a token count) can never make the database refuse a batch."""
+    limits = _LIMITS.get(table)
+    if limits is None:
+        limits = _LIMITS[table] = _limits(table)
+    for name, value in values.items():
+        limit = limits.get(name)
+        if limit is None or value is None:
+            continue
+        if limit[0] == "text":
+            values[name] = _clean_text(value, limit[1])
+        elif isinstance(value, int) and not isinstance(value, bool):
+            values[name] = min(max(value, limit[1]), limit[2])
+    return values
 
 
 @dataclass
@@ -52,10 +97,12 @@ class LogWriter:
     """
 
     def __init__(self, database_url: str, capacity: int = 10_000,
-                 on_drop: Callable[[int], None] | None = None) -> None:
+                 on_drop: Callable[[int], None] | None = None, on_reject: Callable[[], None] | None = None) -> None:
         self.database_url = database_url
         self.capacity = capacity
         self.dropped = 0
+        self.rejected = 0  # records the database refused even alone, kept in dead_letters
+        self._on_reject = on_reject
         self.written = 0
         self._lock = threading.Lock()  # the buffer is shared by the proxy's loop and the writer's thread
         self._rows: deque[dict] = deque()  # detection and judge rows, each {"table": ..., "values": ...}
@@ -99,15 +146,16 @@ class LogWriter:
     # -- the request path: synchronous, O(1), never raises ------------------------------------------------
 
     def add_detection(self, values: dict) -> None:
+        _clean(Detection, values)
         values.setdefault("recovered", False)  # every row of a batch has the same keys
         episode = (values["tenant"], values["session_id"], values["task"], values["episode"])
         self._add({"table": Detection, "values": values, "episode": episode})
 
     def add_judge_check(self, values: dict) -> None:
-        self._add({"table": JudgeCheckRow, "values": values})
+        self._add({"table": JudgeCheckRow, "values": _clean(JudgeCheckRow, values)})
 
     def add_response(self, values: dict) -> None:
-        self._add({"table": ResponseRow, "values": values})
+        self._add({"table": ResponseRow, "values": _clean(ResponseRow, values)})
 
     def add_recovery(self, values: dict) -> None:
         """Mark a task's episode as answered by a model that moved on (b_tenant, b_session_id, b_task,
@@ -124,6 +172,8 @@ class LogWriter:
         self._add({"table": "recovered", "values": values})
 
     def session_seen(self, seen: SessionSeen) -> None:
+        seen.model = _clean_text(seen.model, 256)
+        seen.session_id = _clean_text(seen.session_id, 256)
         key = (seen.tenant, seen.session_id)
         with self._lock:
             previous = self._sessions.get(key)
@@ -177,6 +227,11 @@ class LogWriter:
         if now - self._drop_logged_at >= DROP_LOG_EVERY:  # one line per interval, not one per record
             self._drop_logged_at = now
             log.warning("detection log buffer full: dropping records, %d dropped in all", self.dropped)
+
+    def failing_for(self) -> float:
+        """Seconds since writes began failing (0 while they succeed)."""
+        since = self._failing_since
+        return 0.0 if since is None else time.monotonic() - since
 
     @property
     def pending(self) -> int:
@@ -265,7 +320,9 @@ class LogWriter:
                 pass
 
     async def _flush_batch(self) -> bool:
-        """Write one batch; True when a full batch went out and more may be waiting."""
+        """Write one batch; True when a full batch went out and more may be waiting. A batch the database
+        refuses while it answers is split until the record it refuses is found and set aside (one bad record
+        never holds back the log); while it does not answer, the batch waits in the buffer."""
         with self._lock:
             rows = [self._rows.popleft() for _ in range(min(BATCH, len(self._rows)))]
             for row in rows:
@@ -276,38 +333,89 @@ class LogWriter:
         if not rows and not sessions:
             return False
         try:
-            async with self.engine.begin() as connection:
-                detections = [r["values"] for r in rows if r["table"] is Detection]
-                checks = [r["values"] for r in rows if r["table"] is JudgeCheckRow]
-                recoveries = [r["values"] for r in rows if r["table"] == "recovered"]
-                responses = [r["values"] for r in rows if r["table"] is ResponseRow]
-                if responses:
-                    await connection.execute(self._insert_responses, responses)
-                inserted = []
-                if detections:
-                    inserted = (await connection.execute(self._insert_detections, detections)).all()
-                if checks:
-                    await connection.execute(self._insert_checks, checks)
-                if recoveries:
-                    await connection.execute(self._mark_recovered, recoveries)
-                await rollup.record(connection, self._dialect, inserted, recoveries)
-                if sessions:
-                    await connection.execute(self._upsert_sessions, [
-                        {"tenant": seen.tenant, "session_id": seen.session_id, "first_seen": seen.at,
-                         "last_seen": seen.at, "requests": count, "message_count": seen.message_count,
-                         "model": seen.model, "disabled": False, "reset_at_message": 0}
-                        for _, (seen, count) in sessions])
+            try:
+                await self._write(rows, sessions)
+            except Exception as exc:
+                if not await ping(self.engine):
+                    raise
+                await self._write_apart(rows, [], exc)
+                await self._write_apart([], sessions, exc)
         except BaseException:
             self._restore(rows, sessions)
             raise
         finally:
             self._in_flight = 0
         self.written += len(rows)
+        log.debug("wrote %d log records and %d session sightings", len(rows), len(sessions))
+        return len(rows) == BATCH or len(sessions) == BATCH
+
+    async def _write(self, rows: list[dict], sessions: list) -> None:
+        """Write records in one transaction, with the overview's counts."""
+        async with self.engine.begin() as connection:
+            detections = [r["values"] for r in rows if r["table"] is Detection]
+            checks = [r["values"] for r in rows if r["table"] is JudgeCheckRow]
+            recoveries = [r["values"] for r in rows if r["table"] == "recovered"]
+            responses = [r["values"] for r in rows if r["table"] is ResponseRow]
+            if responses:
+                await connection.execute(self._insert_responses, responses)
+            inserted = []
+            if detections:
+                inserted = (await connection.execute(self._insert_detections, detections)).all()
+            if checks:
+                await connection.execute(self._insert_checks, checks)
+            if recoveries:
+                await connection.execute(self._mark_recovered, recoveries)
+            await rollup.record(connection, self._dialect, inserted, recoveries)
+            if sessions:
+                await connection.execute(self._upsert_sessions, [
+                    {"tenant": seen.tenant, "session_id": seen.session_id, "first_seen": seen.at,
+                     "last_seen": seen.at, "requests": count, "message_count": seen.message_count,
+                     "model": seen.model, "disabled": False, "reset_at_message": 0}
+                    for _, (seen, count) in sessions])
         if inserted and self.on_inserted is not None:
             first = {row.episode_key for row in inserted}
             self.on_inserted([values for values in detections if values["episode_key"] in first])
-        log.debug("wrote %d log records and %d session sightings", len(rows), len(sessions))
-        return len(rows) == BATCH or len(sessions) == BATCH
+
+    async def _write_apart(self, rows: list[dict], sessions: list, cause: Exception) -> None:
+        """A refused batch, halved until each half is written or is one record, which is set aside."""
+        if not rows and not sessions:
+            return
+        if len(rows) + len(sessions) == 1:
+            try:
+                await self._write(rows, sessions)
+            except Exception as exc:
+                if not await ping(self.engine):
+                    raise
+                await self._set_aside(rows[0] if rows else {"table": SessionRow, "values": vars(sessions[0][1][0])},
+                                      exc)
+            return
+        for part_rows, part_sessions in ((rows[:len(rows) // 2], sessions[:len(sessions) // 2]),
+                                         (rows[len(rows) // 2:], sessions[len(sessions) // 2:])):
+            try:
+                await self._write(part_rows, part_sessions)
+            except Exception:
+                if not await ping(self.engine):
+                    raise
+                await self._write_apart(part_rows, part_sessions, cause)
+
+    async def _set_aside(self, row: dict, exc: Exception) -> None:
+        """Keep a record the database refuses in `dead_letters`, count it, say why (once per record)."""
+        table = row["table"]
+        kind = table if isinstance(table, str) else table.__tablename__
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:2000]
+        record = orjson.dumps(row["values"], default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+        self.rejected += 1
+        if self._on_reject is not None:
+            self._on_reject()
+        log.warning("the database refused a %s record; it is kept in dead_letters: %s", kind, reason)
+        try:
+            async with self.engine.begin() as connection:
+                await connection.execute(insert(DeadLetter).values(
+                    created_at=utcnow(), kind=kind, reason=reason.replace("\x00", ""),
+                    record=record.replace("\\u0000", "")))
+        except Exception as dead:  # not even that: it is lost, and counted as dropped
+            log.warning("a refused %s record could not be kept either: %s", kind, str(dead).splitlines()[0])
+            self._count_drop(1)
 
     def _restore(self, rows: list[dict], sessions: list) -> None:
         """Put a batch that could not be written back in front, within the buffer's bound."""

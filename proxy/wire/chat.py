@@ -45,6 +45,11 @@ class OpenAIDialect:
     stream_error = staticmethod(sse_error_event)
 
     @staticmethod
+    def model(payload: dict, raw_path: str) -> str | None:
+        model = payload.get("model")
+        return model if isinstance(model, str) else None
+
+    @staticmethod
     def chain_ids(payload: dict) -> tuple[str | None, str | None]:
         return None, None
 
@@ -55,6 +60,66 @@ class OpenAIDialect:
     @staticmethod
     def is_side_request(payload: dict) -> bool:
         return False
+
+    @staticmethod
+    def forwardable(payload: dict) -> dict | None:
+        return None
+
+
+OPEN_THINK, CLOSE_THINK = "<think>", "</think>"
+_START, _THINKING, _ANSWER = 0, 1, 2
+
+
+class ThinkTags:
+    """Splits `content` into the reasoning a model writes inside `<think>…</think>` at its start (servers that
+    parse no reasoning pass it on so) and the answer, however the tags fall across deltas: a piece that may be
+    the start of a tag is held until the next delta says."""
+
+    __slots__ = ("_state", "_held")
+
+    def __init__(self) -> None:
+        self._state = _START
+        self._held = ""
+
+    @property
+    def open(self) -> bool:
+        """Inside the `<think>` part: what the client shows as reasoning."""
+        return self._state == _THINKING
+
+    def feed(self, piece: str) -> tuple[str, str]:
+        """The next content delta as (reasoning, answer) text."""
+        if self._state == _ANSWER:
+            return "", piece
+        text, self._held = self._held + piece, ""
+        if self._state == _START:
+            stripped = text.lstrip()
+            if len(stripped) < len(OPEN_THINK) and OPEN_THINK.startswith(stripped):
+                self._held = text  # white space, or the start of `<think>`: wait for more
+                return "", ""
+            if not stripped.startswith(OPEN_THINK):
+                self._state = _ANSWER
+                return "", text
+            self._state = _THINKING
+            text = stripped[len(OPEN_THINK):]
+        end = text.find(CLOSE_THINK)
+        if end >= 0:
+            self._state = _ANSWER
+            return text[:end], text[end + len(CLOSE_THINK):]
+        for keep in range(min(len(CLOSE_THINK) - 1, len(text)), 0, -1):
+            if CLOSE_THINK.startswith(text[-keep:]):
+                self._held = text[-keep:]
+                return text[:-keep], ""
+        return text, ""
+
+
+def _message_reasoning(message: dict) -> str:
+    """The reasoning a chat message carries beside its content: `reasoning_content` (DeepSeek, llama.cpp,
+    SGLang) or `reasoning` (vLLM, OpenRouter), one of them; `reasoning_details` repeats it and is not read."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return ""
 
 
 class ChatDialect(OpenAIDialect):
@@ -81,12 +146,25 @@ class ChatDialect(OpenAIDialect):
 
     @staticmethod
     def answer(body: dict) -> Message | None:
-        """Choice 0's message of a non-streamed `chat.completion`."""
-        choices = body.get("choices")
-        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            message = choices[0].get("message")
-            return from_record({**message, "role": ASSISTANT}) if isinstance(message, dict) else None
-        return None
+        """Choice 0's message of a non-streamed `chat.completion` (a `<think>` part of its content aside)."""
+        message = _choice_message(body)
+        if message is None:
+            return None
+        read = from_record({**message, "role": ASSISTANT})
+        content = message.get("content")
+        if isinstance(content, str) and OPEN_THINK in content:
+            tags = ThinkTags()
+            read = read._replace(text=tags.feed(content)[1])
+        return read
+
+    @staticmethod
+    def reasoning(body: dict) -> str:
+        message = _choice_message(body)
+        if message is None:
+            return ""
+        content = message.get("content")
+        think = ThinkTags().feed(content)[0] if isinstance(content, str) and OPEN_THINK in content else ""
+        return _message_reasoning(message) + think
 
     @staticmethod
     def stream() -> "ChatStream":
@@ -97,15 +175,25 @@ class ChatDialect(OpenAIDialect):
         return positive_int(payload.get("max_completion_tokens")) or positive_int(payload.get("max_tokens"))
 
 
+def _choice_message(body: dict) -> dict | None:
+    choices = body.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        return message if isinstance(message, dict) else None
+    return None
+
+
 class ChatStream:
     """Rebuilds choice 0's assistant message from `chat.completion.chunk` objects, and ends a stream the
     proxy cuts the way a finished one ends.
 
     Tool-call arguments arrive as fragments split anywhere (even mid UTF-8
-    character in the JSON text); they are joined per tool-call index.
+    character in the JSON text); they are joined per tool-call index. The reasoning (a `reasoning_content` or
+    `reasoning` delta, or the `<think>` part of the content) is followed apart from the answer.
     """
 
-    __slots__ = ("_text", "_calls", "finish_reason", "usage", "model", "response_id")
+    __slots__ = ("_text", "_calls", "finish_reason", "usage", "model", "response_id", "_reasoning", "_think",
+                 "last_reasoning")
     stop_is_cut = False  # the stop reached mid-stream ends with an error event
 
     @property
@@ -119,9 +207,13 @@ class ChatStream:
         self.usage: dict | None = None
         self.model: str | None = None
         self.response_id: str | None = None
+        self._reasoning: list[str] = []
+        self._think = ThinkTags()
+        self.last_reasoning = ""
 
     def add(self, chunk: dict, event: str | None = None) -> tuple[str, bool]:
         """Take one chunk; return choice 0's new text and whether a tool call began."""
+        self.last_reasoning = ""
         if self.model is None:
             self.model = chunk.get("model")
             self.response_id = chunk.get("id")
@@ -133,7 +225,14 @@ class ChatStream:
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
+            thought = _message_reasoning(delta)
             piece = delta.get("content")
+            if isinstance(piece, str) and piece:
+                think, piece = self._think.feed(piece)
+                thought += think
+            if thought:
+                self._reasoning.append(thought)
+                self.last_reasoning += thought
             if isinstance(piece, str) and piece:
                 self._text.append(piece)
                 text += piece
@@ -162,18 +261,24 @@ class ChatStream:
     def text(self) -> str:
         return "".join(self._text)
 
+    @property
+    def reasoning_text(self) -> str:
+        return "".join(self._reasoning)
+
     def message(self) -> Message:
         calls = tuple(ToolCall(str(call["id"] or ""), call["function"]["name"], call["function"]["arguments"] or "")
                       for call in (self._calls[i] for i in sorted(self._calls)))
         return Message(ASSISTANT, self.text, calls)
 
     def cut_ending(self, marker: dict, notice: str | None) -> bytes:
-        """The last chunks of a cut stream: the notice as one more text delta, a clean stop, `[DONE]`."""
+        """The last chunks of a cut stream: the notice as one more text delta (the answer's, after the `<think>`
+        part is closed where the content holds one), a clean stop, `[DONE]`."""
         head = {"id": self.response_id, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": self.model}
         ending = b""
-        if notice:
-            ending = sse({**head, "choices": [{"index": 0, "delta": {"content": notice}, "logprobs": None,
+        content = (CLOSE_THINK if self._think.open else "") + (notice or "")
+        if content:
+            ending = sse({**head, "choices": [{"index": 0, "delta": {"content": content}, "logprobs": None,
                                                "finish_reason": None}]})
         final = {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}],
                  "loopwarden": marker}

@@ -23,12 +23,18 @@ class StreamAssembler(Protocol):
     response_id: str | None
     model: str | None
     usage: Any
+    last_reasoning: str  # the reasoning text the last event carried (it came before that event's text)
 
     def add(self, data: dict, event: str | None = None) -> tuple[str, bool]:
-        """Take one event's JSON; return the new text and whether a tool call began."""
+        """Take one event's JSON; return the new answer text and whether a tool call began (the event's new
+        reasoning text is left in `last_reasoning`)."""
 
     @property
     def text(self) -> str: ...
+
+    @property
+    def reasoning_text(self) -> str:
+        """The reasoning so far."""
 
     def message(self) -> Message:
         """The answer so far as a neutral assistant message."""
@@ -63,7 +69,14 @@ class Dialect(Protocol):
         """The request with each warning (place, role, text) inserted before the neutral message at its place."""
 
     def answer(self, body: dict) -> Message | None:
-        """The assistant's turn in a non-streamed answer."""
+        """The assistant's turn in a non-streamed answer (its text is the answer's, its reasoning aside)."""
+
+    def reasoning(self, body: dict) -> str:
+        """The reasoning text of a non-streamed answer."""
+
+    def forwardable(self, payload: dict) -> dict | None:
+        """The request as it may go upstream, where something the client sent back must be left out (a thinking
+        block the proxy cut, which the service would refuse); None when it goes as it came."""
 
     def stream(self) -> StreamAssembler: ...
 
@@ -74,6 +87,9 @@ class Dialect(Protocol):
         """The event that ends a stream on an error (the upstream failed mid-stream), on lines of its own."""
 
     def max_output_tokens(self, payload: dict) -> int | None: ...
+
+    def model(self, payload: dict, raw_path: str) -> str | None:
+        """The model the request asks for (in its body, or in its path)."""
 
     def chain_ids(self, payload: dict) -> tuple[str | None, str | None]:
         """The response this request continues and its conversation id, where the service keeps them."""
@@ -93,8 +109,22 @@ def sse(data: dict, event: str | None = None) -> bytes:
 
 def join_url(base: str, raw_path: str, raw_query: str) -> URL:
     """A base URL and a path and query as the client encoded them: decoded and encoded again, `%2F` or `%26`
-    would change meaning, and `..` would be resolved."""
-    return URL(str(URL(base)).rstrip("/") + raw_path + (f"?{raw_query}" if raw_query else ""), encoded=True)
+    would change meaning, and `..` would be resolved. A query in the base URL (`?api-version=...`) stays a
+    query, before the client's."""
+    parsed = URL(base)
+    query = "&".join(q for q in (parsed.raw_query_string, raw_query) if q)
+    root = str(parsed.with_query(None).with_fragment(None)).rstrip("/")
+    return URL(root + raw_path + (f"?{query}" if query else ""), encoded=True)
+
+
+def shown(url: str | URL) -> str:
+    """A URL as it may be shown (errors, logs, the start line): no password, no query (keys travel there)."""
+    parsed = URL(str(url))
+    if parsed.password is not None:
+        parsed = parsed.with_password("***")
+    if parsed.query_string:
+        parsed = parsed.with_query("…")
+    return str(parsed)
 
 
 def positive_int(value: Any) -> int | None:

@@ -14,7 +14,7 @@ stream (`?alt=sse`) is a chunk per event, each a whole `GenerateContentResponse`
 from __future__ import annotations
 
 from typing import Any, Mapping
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, unquote, urlencode
 
 import orjson
 from multidict import CIMultiDict
@@ -71,6 +71,12 @@ def model_turn(parts: list) -> Message:
         elif isinstance(part.get("text"), str) and part.get("thought") is not True:
             text.append(part["text"])
     return Message(ASSISTANT, "".join(text), tuple(calls))
+
+
+def _thought_text(parts: list) -> str:
+    """The reasoning among a model turn's parts (`thought: true` text parts)."""
+    return "".join(p["text"] for p in parts
+                   if isinstance(p, dict) and p.get("thought") is True and isinstance(p.get("text"), str))
 
 
 def _result(response: Any) -> tuple[str, bool]:
@@ -185,6 +191,17 @@ class GeminiDialect:
         return None
 
     @staticmethod
+    def reasoning(body: dict) -> str:
+        candidates = body.get("candidates")
+        if isinstance(candidates, list) and candidates and isinstance(candidates[0], dict):
+            return _thought_text(_parts(candidates[0].get("content")))
+        return ""
+
+    @staticmethod
+    def forwardable(payload: dict) -> dict | None:
+        return None
+
+    @staticmethod
     def stream() -> "GeminiStream":
         return GeminiStream()
 
@@ -203,6 +220,12 @@ class GeminiDialect:
     def max_output_tokens(payload: dict) -> int | None:
         config = payload.get("generationConfig")
         return positive_int(config.get("maxOutputTokens")) if isinstance(config, dict) else None
+
+    @staticmethod
+    def model(payload: dict, raw_path: str) -> str | None:
+        """The model is named in the path only: `…/models/{model}:{method}`."""
+        model = unquote(raw_path.rpartition("/models/")[2].partition(":")[0])
+        return model or None
 
     @staticmethod
     def chain_ids(payload: dict) -> tuple[str | None, str | None]:
@@ -224,7 +247,7 @@ class GeminiDialect:
 
 
 class GeminiStream:
-    """Follows the chunks of a streamed answer: the text as it streams (reasoning aside), calls as they come
+    """Follows the chunks of a streamed answer: the text as it streams (the reasoning apart), calls as they come
     (each arrives whole in one chunk), the finished turn; and ends a stream the proxy cuts the way a finished
     answer ends. The stop reached mid-stream ends as a cut does, and the next request is refused."""
 
@@ -233,6 +256,8 @@ class GeminiStream:
     def __init__(self) -> None:
         self._parts: list[dict] = []
         self._text: list[str] = []
+        self._reasoning: list[str] = []
+        self.last_reasoning = ""
         self.finished = False
         self.response_id: str | None = None
         self.model: str | None = None
@@ -242,8 +267,14 @@ class GeminiStream:
     def text(self) -> str:
         return "".join(self._text)
 
+    @property
+    def reasoning_text(self) -> str:
+        return "".join(self._reasoning)
+
     def add(self, data: dict, event: str | None = None) -> tuple[str, bool]:
-        """Take one chunk; return its new text and whether a tool call came."""
+        """Take one chunk; return its new text and whether a tool call came (its `thought` parts' text is left
+        in `last_reasoning`)."""
+        self.last_reasoning = ""
         if self.response_id is None and isinstance(data.get("responseId"), str):
             self.response_id = data["responseId"]
         if isinstance(data.get("modelVersion"), str):
@@ -262,7 +293,10 @@ class GeminiStream:
             self._parts.append(part)
             if isinstance(part.get("functionCall"), dict):
                 called = True
-            elif isinstance(part.get("text"), str) and part.get("thought") is not True:
+            elif isinstance(part.get("text"), str) and part.get("thought") is True:
+                self._reasoning.append(part["text"])
+                self.last_reasoning += part["text"]
+            elif isinstance(part.get("text"), str):
                 self._text.append(part["text"])
                 text += part["text"]
         if candidate.get("finishReason"):

@@ -5,8 +5,10 @@ neutral conversation.
 tool calls; a user message's `tool_result` blocks are tool results (`is_error` marks a failure; a string and a
 list of text blocks are the same result) and its `text` blocks a person's words, except the text an agent
 writes itself (Claude Code's `<system-reminder>` blocks, the proxy's own warnings), which starts no task.
-`thinking`, `redacted_thinking`, server-tool, image, document and unknown blocks are forwarded untouched and
-ignored for detection. A warning is a `text` block placed after the `tool_result` blocks that answer the loop's
+`thinking` blocks are the model's reasoning (watched as it streams, never part of the neutral conversation);
+a `thinking` block without a signature, which only a stream the proxy cut leaves, is left out of what goes
+upstream (the service refuses it). `redacted_thinking`, server-tool, image, document and unknown blocks are
+forwarded untouched and ignored for detection. A warning is a `text` block placed after the `tool_result` blocks that answer the loop's
 completing call. Requests go to ANTHROPIC_UPSTREAM_URL, as does every request carrying `anthropic-version`.
 Pure code, no I/O.
 """
@@ -19,8 +21,8 @@ import orjson
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy.conversation import ASSISTANT, SYSTEM, TOOL, USER, Anchor, Conversation, Message, Messages, ToolCall, \
-    arguments_text, insert_placed
+from proxy.conversation import ASSISTANT, CUT_NOTICE_PREFIX, SYSTEM, TOOL, USER, Anchor, Conversation, Message, \
+    Messages, ToolCall, arguments_text, insert_placed
 from proxy.wire.dialect import RequestError, join_url, positive_int, sse
 
 _ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})
@@ -51,6 +53,16 @@ def tool_call(block: dict) -> ToolCall:
     arguments = block.get("input")
     return ToolCall(str(block.get("id") or ""), name if isinstance(name, str) else "",
                     arguments_text(arguments if isinstance(arguments, dict | list) else {}))
+
+
+def _unsigned(block: Any) -> bool:
+    """A thinking block without its signature: the proxy cut it as it streamed."""
+    return isinstance(block, dict) and block.get("type") == "thinking" and not block.get("signature")
+
+
+def _thinking_text(blocks: list) -> str:
+    return "".join(b["thinking"] for b in blocks
+                   if isinstance(b, dict) and b.get("type") == "thinking" and isinstance(b.get("thinking"), str))
 
 
 def assistant_message(blocks: list) -> Message:
@@ -168,6 +180,30 @@ class MessagesDialect:
         return assistant_message(content) if isinstance(content, list) else None
 
     @staticmethod
+    def reasoning(body: dict) -> str:
+        content = body.get("content")
+        return _thinking_text(content) if isinstance(content, list) else ""
+
+    @staticmethod
+    def forwardable(payload: dict) -> dict | None:
+        """The request without the unsigned thinking blocks of its assistant messages (a stream the proxy cut
+        inside the thinking left one; the service answers 400 to it). None when it has none. A message left with
+        no block keeps the cut notice's words, as the proxy's, for the service refuses an empty one."""
+        messages = payload.get("messages")
+        if not isinstance(messages, list) or not any(
+                isinstance(m, dict) and m.get("role") == ASSISTANT and isinstance(m.get("content"), list)
+                and any(_unsigned(b) for b in m["content"]) for m in messages):
+            return None
+        kept = []
+        for message in messages:
+            if isinstance(message, dict) and message.get("role") == ASSISTANT and \
+                    isinstance(message.get("content"), list) and any(_unsigned(b) for b in message["content"]):
+                blocks = [b for b in message["content"] if not _unsigned(b)]
+                message = {**message, "content": blocks or [{"type": "text", "text": CUT_NOTICE_PREFIX.strip()}]}
+            kept.append(message)
+        return {**payload, "messages": kept}
+
+    @staticmethod
     def stream() -> "MessagesStream":
         return MessagesStream()
 
@@ -184,6 +220,11 @@ class MessagesDialect:
     @staticmethod
     def max_output_tokens(payload: dict) -> int | None:
         return positive_int(payload.get("max_tokens"))
+
+    @staticmethod
+    def model(payload: dict, raw_path: str) -> str | None:
+        model = payload.get("model")
+        return model if isinstance(model, str) else None
 
     @staticmethod
     def chain_ids(payload: dict) -> tuple[str | None, str | None]:
@@ -219,6 +260,8 @@ class MessagesStream:
         self._open: int | None = None  # the block the client has seen start and not stop
         self._unsent: int | None = None  # a tool_use block whose start the proxy holds back when it cuts there
         self.output_tokens = 0
+        self._reasoning: list[str] = []
+        self.last_reasoning = ""
 
     @property
     def response_id(self) -> str | None:
@@ -227,6 +270,10 @@ class MessagesStream:
     @property
     def text(self) -> str:
         return "".join(self._text)
+
+    @property
+    def reasoning_text(self) -> str:
+        return "".join(self._reasoning)
 
     @property
     def model(self) -> str | None:
@@ -242,6 +289,7 @@ class MessagesStream:
         """Take one event; return the new text and whether a tool call began."""
         kind = data.get("type") or event
         self._unsent = None
+        self.last_reasoning = ""
         if kind == "content_block_delta":
             index, delta = data.get("index"), data.get("delta") or {}
             block = self._blocks.get(index)
@@ -251,7 +299,10 @@ class MessagesStream:
                 block["text"] = block.get("text", "") + delta["text"]
                 self._text.append(delta["text"])
                 return delta["text"], False
-            if delta.get("type") == "input_json_delta" and isinstance(delta.get("partial_json"), str):
+            if delta.get("type") == "thinking_delta" and isinstance(delta.get("thinking"), str):
+                self._reasoning.append(delta["thinking"])
+                self.last_reasoning = delta["thinking"]
+            elif delta.get("type") == "input_json_delta" and isinstance(delta.get("partial_json"), str):
                 block["partial"] = block.get("partial", "") + delta["partial_json"]
             return "", False
         if kind == "content_block_start":
@@ -263,6 +314,10 @@ class MessagesStream:
             if block.get("type") == "tool_use":
                 self._unsent = index
                 return "", True
+            thought = block.get("thinking") if block.get("type") == "thinking" else None
+            if isinstance(thought, str) and thought:
+                self._reasoning.append(thought)
+                self.last_reasoning = thought
             text = block.get("text") if block.get("type") == "text" else None
             if isinstance(text, str) and text:
                 self._text.append(text)
@@ -295,7 +350,8 @@ class MessagesStream:
         return assistant_message(blocks)
 
     def cut_ending(self, marker: dict, notice: str | None) -> bytes:
-        """Close the open block, add the notice as a last text delta, end as a finished message ends."""
+        """Close the open block (a thinking block cut part way is closed unsigned), add the notice as a last text
+        delta (in a text block of its own after any other block), end as a finished message ends."""
         out = b""
         open_index = None if self._open == self._unsent else self._open
         if notice:
@@ -311,6 +367,7 @@ class MessagesStream:
         if open_index is not None:
             out += sse({"type": "content_block_stop", "index": open_index}, "content_block_stop")
         out += sse({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                    "usage": {"output_tokens": max(self.output_tokens, len(self.text) // 4)},
+                    "usage": {"output_tokens": max(self.output_tokens,
+                                                   (len(self.text) + len(self.reasoning_text)) // 4)},
                     "loopwarden": marker}, "message_delta")
         return out + sse({"type": "message_stop"}, "message_stop")

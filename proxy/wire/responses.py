@@ -123,6 +123,13 @@ class ResponsesDialect(OpenAIDialect):
         return assistant_message(output) if isinstance(output, list) else None
 
     @staticmethod
+    def reasoning(body: dict) -> str:
+        """The text of the answer's reasoning items: their summaries and their `reasoning_text` parts."""
+        output = body.get("output")
+        return "".join(reasoning_of(item) for item in output if isinstance(item, dict)
+                       and item.get("type") == "reasoning") if isinstance(output, list) else ""
+
+    @staticmethod
     def stream() -> "ResponsesStream":
         return ResponsesStream()
 
@@ -152,14 +159,33 @@ def assistant_message(output: list) -> Message:
     return Message(ASSISTANT, "".join(text), tuple(calls))
 
 
+def reasoning_of(item: dict) -> str:
+    parts = [p for key in ("summary", "content") if isinstance(item.get(key), list) for p in item[key]]
+    return "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
+_REASONING_DELTAS = {"response.reasoning_summary_text.delta": ("summary", "summary_index"),
+                     "response.reasoning_text.delta": ("content", "content_index")}
+# The events that close a reasoning item's part: (where, index key, what the event closes).
+_REASONING_DONE = {"response.reasoning_summary_text.done": ("summary", "summary_index", "text"),
+                   "response.reasoning_summary_part.done": ("summary", "summary_index", "part"),
+                   "response.reasoning_text.done": ("content", "content_index", "text"),
+                   "response.content_part.done": ("content", "content_index", "part")}
+
+
 class ResponsesStream:
-    """Follows `response.*` events: the text as it streams, calls as they begin, the finished turn; and
-    ends a stream the proxy cuts the way a finished response ends."""
+    """Follows `response.*` events: the text as it streams (the reasoning apart), calls as they begin, the
+    finished turn; and ends a stream the proxy cuts the way a finished response ends."""
 
     stop_is_cut = False  # the stop reached mid-stream ends with an error event
 
     def __init__(self) -> None:
         self.response: dict = {}
+        self.last_reasoning = ""
+        self._reasoning: list[str] = []
+        # The reasoning item being written: its added item, output index, and its parts' texts and done events
+        # sent, per (summary|content, index).
+        self._thinking: dict | None = None
         self._text: list[str] = []
         self._done_items: dict[int, dict] = {}  # output index -> finished item
         self._open: dict | None = None  # the message item being written: id, output_index, content_index
@@ -177,6 +203,10 @@ class ResponsesStream:
         return "".join(self._text)
 
     @property
+    def reasoning_text(self) -> str:
+        return "".join(self._reasoning)
+
+    @property
     def model(self) -> str | None:
         return self.response.get("model")
 
@@ -187,9 +217,31 @@ class ResponsesStream:
     def add(self, data: dict, event: str | None = None) -> tuple[str, bool]:
         """Take one event; return the new output text and whether a tool call began."""
         kind = data.get("type") or event
+        self.last_reasoning = ""
         sequence = data.get("sequence_number")
         if isinstance(sequence, int) and sequence > self._sequence:
             self._sequence = sequence
+        if kind in _REASONING_DELTAS:
+            delta = data.get("delta")
+            thinking = self._thinking
+            if isinstance(delta, str) and delta:
+                self._reasoning.append(delta)
+                self.last_reasoning = delta
+                if thinking is not None and thinking["id"] == data.get("item_id"):
+                    where, index_key = _REASONING_DELTAS[kind]
+                    index = data.get(index_key, 0)
+                    part = thinking["parts"].setdefault((where, index), {"text": [], "done": set()})
+                    part["text"].append(delta)
+            return "", False
+        if kind in _REASONING_DONE:
+            thinking = self._thinking
+            where, index_key, closes = _REASONING_DONE[kind]
+            if thinking is not None and thinking["id"] == data.get("item_id"):
+                part = thinking["parts"].get((where, data.get(index_key, 0)))
+                if part is not None:
+                    part["done"].add(closes)
+            if kind != "response.content_part.done":
+                return "", False
         if kind == "response.output_text.delta":
             delta = data.get("delta")
             if isinstance(delta, str) and delta:
@@ -206,6 +258,9 @@ class ResponsesStream:
             if item.get("type") == "message":
                 self._open = {"id": item.get("id"), "output_index": data.get("output_index", 0), "content_index": 0}
                 self._item_text = []
+            elif item.get("type") == "reasoning":
+                self._thinking = {"id": item.get("id"), "output_index": data.get("output_index", 0), "item": item,
+                                  "parts": {}}
             return "", item.get("type") in CALL_TYPES
         if kind == "response.output_item.done":
             item = data.get("item")
@@ -213,6 +268,8 @@ class ResponsesStream:
                 self._done_items[data.get("output_index", len(self._done_items))] = item
                 if self._open is not None and item.get("id") == self._open.get("id"):
                     self._open = None
+                if self._thinking is not None and item.get("id") == self._thinking["id"]:
+                    self._thinking = None
             return "", False
         if kind == "response.created" or kind == "response.in_progress":
             if isinstance(data.get("response"), dict):
@@ -236,9 +293,27 @@ class ResponsesStream:
         return self._sequence
 
     def cut_ending(self, marker: dict, notice: str | None) -> bytes:
-        """End as a finished response ends: the notice, the open item's done events, `response.completed`."""
+        """End as a finished response ends: the open reasoning item's done events (its text so far, no
+        `encrypted_content`), the notice as the answer's last text (in the open message item, or in one of its
+        own), the open item's done events, `response.completed`."""
         out = b""
-        output = [self._done_items[i] for i in sorted(self._done_items)]
+        output = dict(self._done_items)
+        if self._thinking is not None:
+            item, out = self._close_reasoning(self._thinking)
+            output[self._thinking["output_index"]] = item
+            self._thinking = None
+        if self._open is None and notice:
+            index = max(list(output) + [self._open_index()], default=-1) + 1
+            item_id = f"msg_cut_{self.response_id or int(time.time() * 1000)}"
+            out += sse({"type": "response.output_item.added", "output_index": index,
+                        "item": {"id": item_id, "type": "message", "status": "in_progress", "role": "assistant",
+                                 "content": []}, "sequence_number": self._next()}, "response.output_item.added")
+            out += sse({"type": "response.content_part.added", "item_id": item_id, "output_index": index,
+                        "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": [],
+                                                     "logprobs": []},
+                        "sequence_number": self._next()}, "response.content_part.added")
+            self._open = {"id": item_id, "output_index": index, "content_index": 0}
+            self._item_text = []
         if self._open is not None:
             item_id, index, part_index = self._open["id"], self._open["output_index"], self._open["content_index"]
             if notice:
@@ -257,10 +332,44 @@ class ResponsesStream:
                        "response.content_part.done")
             out += sse({"type": "response.output_item.done", "output_index": index, "item": item,
                         "sequence_number": self._next()}, "response.output_item.done")
-            output.append(item)
-        response = {**self._response_base(), "status": "completed", "output": output}
+            output[index] = item
+        response = {**self._response_base(), "status": "completed", "output": [output[i] for i in sorted(output)]}
         return out + sse({"type": "response.completed", "response": response, "sequence_number": self._next(),
                           "loopwarden": marker}, "response.completed")
+
+    def _open_index(self) -> int:
+        return self._open["output_index"] if self._open is not None else -1
+
+    def _close_reasoning(self, thinking: dict) -> tuple[dict, bytes]:
+        """The done events of a reasoning item cut part way: each part's text as it stands."""
+        out = b""
+        item_id, index = thinking["id"], thinking["output_index"]
+        texts = {key: "".join(part["text"]) for key, part in thinking["parts"].items()}
+        for (where, number), part in sorted(thinking["parts"].items()):
+            text = texts[where, number]
+            if where == "summary":
+                names = ("response.reasoning_summary_text.done", "response.reasoning_summary_part.done",
+                         "summary_index", "summary_text")
+            else:
+                names = ("response.reasoning_text.done", "response.content_part.done", "content_index",
+                         "reasoning_text")
+            text_done, part_done, index_key, part_type = names
+            if "text" not in part["done"]:
+                out += sse({"type": text_done, "item_id": item_id, "output_index": index, index_key: number,
+                            "text": text, "sequence_number": self._next()}, text_done)
+            if "part" not in part["done"]:
+                out += sse({"type": part_done, "item_id": item_id, "output_index": index, index_key: number,
+                            "part": {"type": part_type, "text": text}, "sequence_number": self._next()}, part_done)
+        item = {key: value for key, value in thinking["item"].items() if key != "encrypted_content"}
+        item["summary"] = [{"type": "summary_text", "text": texts[key]} for key in sorted(texts) if key[0] == "summary"]
+        content = [{"type": "reasoning_text", "text": texts[key]} for key in sorted(texts) if key[0] == "content"]
+        if content:
+            item["content"] = content
+        if "status" in item:
+            item["status"] = "completed"
+        out += sse({"type": "response.output_item.done", "output_index": index, "item": item,
+                    "sequence_number": self._next()}, "response.output_item.done")
+        return item, out
 
     def stop_ending(self, error: dict) -> bytes:
         """The stop reached mid-stream: an `error` event (which openai-python raises as APIError carrying

@@ -6,6 +6,9 @@ import re
 from typing import NamedTuple
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+# The most of one event that is read: an event larger than this (an upstream gone wrong, or hostile) is skipped
+# unread, and the time spent on it stays linear in its size.
+MAX_EVENT_BYTES = 16 * 1024 * 1024
 
 
 class SSEEvent(NamedTuple):
@@ -20,23 +23,57 @@ class SSEParser:
     Lines end with LF, CRLF or CR. Comments (`: keep-alive`) and fields other
     than `data` and `event` are ignored; an event without data is not emitted.
     Each event says where it ended in the chunk, so a stream can be cut right
-    after any event, whatever the network reads held.
+    after any event, whatever the network reads held. An event over MAX_EVENT_BYTES is skipped.
     """
 
-    __slots__ = ("_rest", "_data", "_event", "_skip_lf")
+    __slots__ = ("_rest", "_pieces", "_held", "_data", "_data_size", "_event", "_skip_lf", "_oversize")
 
     def __init__(self) -> None:
         self._rest = b""
+        self._pieces: list[bytes] = []  # reads with no line end yet, joined once a line ends
+        self._held = 0  # bytes of an unfinished line: _rest and _pieces
         self._data: list[bytes] = []
+        self._data_size = 0
         self._event: str | None = None
         self._skip_lf = False
+        self._oversize = False  # the current event grew past the limit: skipped to its end
 
     @property
     def at_boundary(self) -> bool:
         """Nothing of a next event has been read yet: the next chunk starts a new event."""
-        return not self._rest and not self._data and self._event is None and not self._skip_lf
+        return not self._held and not self._data and self._event is None and not self._skip_lf \
+            and not self._oversize
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        if self._held and b"\n" not in chunk and b"\r" not in chunk:
+            # A line still going on: kept aside, not copied again with every read.
+            self._pieces.append(chunk)
+            self._held += len(chunk)
+            if self._held > MAX_EVENT_BYTES:
+                self._drop_event()
+                self._held = -1  # a line being skipped: the count no longer matters, only its end
+            return []
+        if self._held < 0:  # skipping the rest of an oversized line
+            at = _LINE_END.search(chunk)
+            if at is None:
+                return []
+            self._held = 0
+            self._pieces = []
+            self._rest = b""
+            events = self.feed(chunk[at.end():])
+            skipped = at.end()
+            return [event._replace(end=event.end + skipped) for event in events]
+        if self._pieces:
+            self._rest = self._rest + b"".join(self._pieces)
+            self._pieces = []
+        return self._feed(chunk)
+
+    def _drop_event(self) -> None:
+        self._data = []
+        self._data_size = 0
+        self._oversize = True
+
+    def _feed(self, chunk: bytes) -> list[SSEEvent]:
         if self.at_boundary and chunk.endswith(b"\n\n") and chunk.startswith((b"data: ", b"event: ")) \
                 and b"\r" not in chunk:
             whole = self._whole_events(chunk)
@@ -56,7 +93,9 @@ class SSEParser:
                 if self._data:
                     events.append(SSEEvent(b"\n".join(self._data), self._event, position - offset))
                 self._data = []
+                self._data_size = 0
                 self._event = None
+                self._oversize = False
             elif line[0] == 58:  # ":" starts a comment
                 continue
             else:
@@ -64,11 +103,21 @@ class SSEParser:
                 if sep and value.startswith(b" "):
                     value = value[1:]
                 if name == b"data":
+                    if self._oversize:
+                        continue
                     self._data.append(value)
+                    self._data_size += len(value)
+                    if self._data_size > MAX_EVENT_BYTES:
+                        self._drop_event()
                 elif name == b"event":
                     self._event = value.decode("utf-8", "replace")
         self._skip_lf = buffer.endswith(b"\r") and position == len(buffer)
         self._rest = buffer[position:]
+        self._held = len(self._rest)
+        if self._held > MAX_EVENT_BYTES:
+            self._rest = b""
+            self._drop_event()
+            self._held = -1
         return events
 
     @staticmethod

@@ -57,7 +57,10 @@ function evidence(detail) {
 }
 
 function describe(detail) {
-  if (detail.repeated !== undefined) return `"${detail.repeated}" ×${detail.occurrences || ""}`;
+  if (detail.repeated !== undefined) {
+    const where = detail.channel ? ` (in the ${detail.channel})` : "";  // a chant in the model's reasoning
+    return `"${detail.repeated}" ×${detail.occurrences || ""}${where}`;
+  }
   if (detail.cycle) {
     const args = detail.cycle_arguments || [];
     return detail.cycle.map((name, i) => `${name} ${args[i] || ""}`).join(" → ");
