@@ -15,6 +15,7 @@ from typing import Callable
 import orjson
 from sqlalchemy import BigInteger, Integer, String, bindparam, func, insert, update
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
 
 from proxy.store import rollup
 from proxy.store.database import create_engine, dialect_insert, ping
@@ -30,6 +31,15 @@ DROP_LOG_EVERY = 10.0
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def _refused_data(exc: Exception) -> bool:
+    """The database (or its driver) refused a value, not the write: a value too long, out of range, not
+    encodable, a constraint broken. A missing table, a lost connection or a lock is not the data's fault: the
+    batch waits and is tried again whole."""
+    if isinstance(exc, (DataError, IntegrityError)):
+        return True
+    return isinstance(exc, StatementError) and not isinstance(exc, DBAPIError)  # refused before it was sent
 
 
 _INT_RANGES = {Integer: (-2**31, 2**31 - 1), BigInteger: (-2**63, 2**63 - 1)}
@@ -336,7 +346,7 @@ class LogWriter:
             try:
                 await self._write(rows, sessions)
             except Exception as exc:
-                if not await ping(self.engine):
+                if not _refused_data(exc) or not await ping(self.engine):
                     raise
                 await self._write_apart(rows, [], exc)
                 await self._write_apart([], sessions, exc)
@@ -384,7 +394,7 @@ class LogWriter:
             try:
                 await self._write(rows, sessions)
             except Exception as exc:
-                if not await ping(self.engine):
+                if not _refused_data(exc) or not await ping(self.engine):
                     raise
                 await self._set_aside(rows[0] if rows else {"table": SessionRow, "values": vars(sessions[0][1][0])},
                                       exc)
@@ -393,8 +403,8 @@ class LogWriter:
                                          (rows[len(rows) // 2:], sessions[len(sessions) // 2:])):
             try:
                 await self._write(part_rows, part_sessions)
-            except Exception:
-                if not await ping(self.engine):
+            except Exception as exc:
+                if not _refused_data(exc) or not await ping(self.engine):
                     raise
                 await self._write_apart(part_rows, part_sessions, cause)
 
