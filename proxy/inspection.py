@@ -31,7 +31,7 @@ from proxy.detect.engine import (
 )
 from proxy.detect.judge_policy import JudgeCheck, check_due
 from proxy.detect.normalize import digest
-from proxy.detect.text_steps import task_text
+from proxy.detect.text_steps import person_text
 from proxy.detect.texts import cut_notice, stop_text, warning_text
 from proxy.lru import LRU
 from proxy.wire.dialect import Dialect, StreamAssembler
@@ -81,7 +81,9 @@ def session_of(headers: Mapping[str, str], messages: list[Message], tenant: str,
     if chain is not None and chain.session_id:
         return chain.session_id
     system = next((m.text for m in messages if m.role in (SYSTEM, "developer")), "")
-    first_user = task_text(next((m.text for m in messages if m.role == USER), ""))
+    # The first message a person wrote: an agent's own preamble (Aider's file-context message, which moves
+    # after the first request) is skipped.
+    first_user = person_text(m.text for m in messages if m.role == USER)
     return "fp-" + digest(f"{tenant}\x00{system}\x00{first_user}").hex()[:16]
 
 

@@ -1,6 +1,6 @@
-"""Policies from the config file: per tool (`[tools."wait_*"] exempt = true`, `threshold = 3`) and per model
-(`[models."gpt-4o-mini*"] max_warnings = 1`). Matched by exact name or glob; the most specific match wins,
-key by key. Pure code: the config loader builds these, the engine and the guard read them."""
+"""Policies from the config file: per tool (`[tools."wait_*"] exempt = true`, `threshold = 3`, `edit = true`)
+and per model (`[models."gpt-4o-mini*"] max_warnings = 1`). Matched by exact name or glob; the most specific
+match wins, key by key. Pure code: the config loader builds these, the engine and the guard read them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-TOOL_KEYS = {"exempt": bool, "threshold": int}
+TOOL_KEYS = {"exempt": bool, "threshold": int, "edit": bool}
 # The detection settings a model policy may set, with their types.
 MODEL_KEYS = {"max_warnings": int, "tool_call_threshold": int, "content_chunk_size": int,
               "content_loop_threshold": int, "dynamic_thresholds": bool, "whitelisted_tools": list,

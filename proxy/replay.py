@@ -2,7 +2,11 @@
 
 Each record is one conversation, replayed as the proxy would have seen it: one request per assistant turn
 (the messages before it), the assistant's turn as that request's answer, and the request after the last
-turn (also when the record ends with that turn: it gets the episodes the turn completes). The same engine
+turn (also when the record ends with that turn: it gets the episodes the turn completes). A message holding
+several calls is several steps: after each of its calls but the last, a request with the message holding the
+calls so far and their results (as an agent that appends each step's call to one message sends them). A record
+cannot tell that agent from a model answering once with several calls; for the latter, a live proxy sees the
+calls at once, and where they complete the stop, it logs only the stop. The same engine
 folds each request; what is logged follows observe mode's rules (a warning when a request would first carry
 it, a stop once, a chant where a streamed answer would have been cut, nothing after a task's stop), so replay
 and a live proxy in observe mode find the same episodes.
@@ -11,13 +15,13 @@ No I/O but reading the files.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
 import orjson
 
-from proxy.conversation import ASSISTANT, Message, from_record, model_text
+from proxy.conversation import ASSISTANT, TOOL, Message, from_record, model_text
 from proxy.detect.engine import (
     Decision,
     DetectConfig,
@@ -27,6 +31,7 @@ from proxy.detect.engine import (
     answer_action,
     episodes,
     fingerprints_of,
+    own_reply,
 )
 from proxy.wire import recorded_dialect
 from proxy.wire.dialect import RequestError
@@ -108,7 +113,8 @@ def _entry(episode: Episode, action: str) -> dict:
 def replay(config: DetectConfig, record: Record) -> Replayed:
     """The episodes a proxy in observe mode would have logged for this conversation, in order."""
     messages = record.messages
-    turns = [i for i, m in enumerate(messages) if m.role == ASSISTANT]
+    # (An `Ok.` the agent recorded itself after its own note is no turn: no request ends before it.)
+    turns = [i for i, m in enumerate(messages) if m.role == ASSISTANT and not own_reply(messages, i)]
     # Every request the agent sent, and the next one, which carries the last turn (a record may end with it).
     ends = turns + [len(messages)]
     result = Replayed(record.source, len(turns))
@@ -129,6 +135,15 @@ def replay(config: DetectConfig, record: Record) -> Replayed:
         decision = Decision(episodes(config, state))
         for episode, action in decision.logged():  # as the proxy logs the request
             log(state.key, episode, action)
+        if end < len(messages) and len(messages[end].calls) > 1:
+            # Several calls in one message are steps: an agent that keeps one assistant message and appends
+            # each step's call to it sent a request after each, the message holding the calls so far.
+            for steps in range(1, len(messages[end].calls)):
+                partial = _after_steps(messages, end, steps)
+                # The fold advances the state it is given: this request's fold goes on from a copy.
+                state, _ = analyze(config, partial, 0, replace(cache, state=cache.state.clone()))
+                for episode, action in Decision(episodes(config, state)).logged():
+                    log(state.key, episode, action)
         if record.streamed and end < len(messages):
             watcher = ResponseWatcher(config, state.clone(), decision, len(request), False)
             text = model_text(messages[end])[0]
@@ -138,6 +153,21 @@ def replay(config: DetectConfig, record: Record) -> Replayed:
             if found is not None:
                 log(state.key, found, answer_action(found))
     return result
+
+
+def _after_steps(messages: list[Message], at: int, steps: int) -> list[Message]:
+    """The request after the first `steps` calls of the assistant message at `at`: the message holding only
+    those calls, and their results."""
+    message = messages[at]
+    calls = message.calls[:steps]
+    ids = {call.id for call in calls}
+    results = []
+    j = at + 1
+    while j < len(messages) and messages[j].role == TOOL:
+        if messages[j].call_id in ids:
+            results.append(messages[j])
+        j += 1
+    return messages[:at] + [message._replace(calls=calls)] + results
 
 
 def summary(replayed: list[Replayed], errors: list[dict]) -> dict:

@@ -13,6 +13,8 @@ from proxy.detect.engine import DetectConfig, Decision, ResponseWatcher, episode
 from proxy.detect.judge_policy import JudgeCheck
 from proxy.detect.normalize import is_error_form
 from proxy.detect.texts import stop_text, warning_text
+from proxy.policy import parse as parse_policies
+from proxy.wire.chat import ChatDialect
 from tests.convo import analyze, assistant, conversation, neutral, step, steps, user
 
 DEFAULT = DetectConfig()
@@ -161,9 +163,47 @@ def test_same_call_same_error_warns_after_the_third_call_one_episode_per_message
     assert "failed 5 times with the same error" in stop_text(found[2])
 
 
-def test_parallel_identical_calls_in_one_message_are_one_episode():
+def test_identical_calls_in_one_message_are_steps_each_past_the_threshold_its_own_episode():
     messages = conversation(user("go"), steps([("read_file", {"path": "a"}, "x")] * 7))
-    assert kinds(messages) == [(1, "tool_call")]
+    found = eps(messages)
+    assert [(e.number, e.type, e.step, e.is_stop) for e in found] == [
+        (1, "tool_call", 5, False), (2, "tool_call", 6, False), (3, "tool_call", 7, True)]
+    # Every warning goes after the results that answer the message, in the order of its steps.
+    assert {e.message_index for e in found} == {2} and {e.place for e in found} == {len(messages)}
+    decision = Decision(found)
+    body = ChatDialect.with_warnings({"messages": messages}, ChatDialect.read({"messages": messages}),
+                                     [(e.place, "system", warning_text(e)) for e in decision.warnings])
+    assert [m["content"][:34] for m in body["messages"][len(messages):]] == [
+        "[loopwarden] Loop detected (1/2): ", "[loopwarden] Loop detected (2/2): "]
+
+
+def test_a_message_with_different_calls_in_it_counts_each_as_a_step():
+    # Four identical calls, then a message that calls it once more among other calls: its first step is the 5th.
+    messages = conversation(user("go"), *same_calls(4), steps([("read_file", {"path": "a.py"}, "contents of a.py"),
+                                                              ("ls", {}, "a.py"), ("ls", {"path": "b"}, "b.py")]))
+    found = eps(messages)
+    assert [(e.number, e.type, e.step) for e in found] == [(1, "tool_call", 1)]
+    # The same calls spread over messages, or held in one, find the same loops.
+    spread = conversation(user("go"), *[step("read_file", {"path": "a"}, "x") for _ in range(6)])
+    held = conversation(user("go"), steps([("read_file", {"path": "a"}, "x")] * 3),
+                        steps([("read_file", {"path": "a"}, "x")] * 3))
+    assert kinds(spread) == kinds(held) == [(1, "tool_call"), (2, "tool_call")]
+
+
+def test_one_message_whose_steps_grow_warns_at_each_request_then_stops():
+    # An agent that appends each step's call to one assistant message sends the message with one call more
+    # each time: the 5th warns, the 6th warns again, the 7th is the stop.
+    seen = []
+    for count in range(1, 8):
+        decision = Decision(eps(conversation(user("go"), steps([("read_file", {"path": "a"}, "x")] * count))))
+        seen.append("stop" if decision.stop else len(decision.warnings))
+    assert seen == [0, 0, 0, 0, 1, 2, "stop"]
+
+
+def test_a_response_of_identical_parallel_calls_is_a_loop():
+    call = step("read_file", {"path": "a.py"}, None)[0]["tool_calls"] * 5
+    kind, _, episode = _stream(DEFAULT, conversation(user("go")), [], [dict(c, id=f"c{i}") for i, c in enumerate(call)])
+    assert (kind, episode.type, episode.number, episode.step) == ("end", "tool_call", 1, 5)
 
 
 def test_a_new_user_message_starts_a_new_task():
@@ -384,6 +424,9 @@ def test_qwen_validation_error_is_an_error():
     "<file>\n00001| def handle_error(error):\n00002|     log.error(error)\n</file>",
     "Chunk ID: 4fa1\nWall time: 0.0021 seconds\nProcess exited with code 0\nOutput:\nerror: none of the tests failed",
     '{"status": "ok", "errors": [], "message": "no error"}',
+    '[{"query": "a.txt", "result": "the error log is empty", "error": "", "success": true}]',
+    '[{"job": 1, "error": "timeout"}, {"job": 2, "error": null, "success": true}]',  # a list of jobs, one failed
+    "usage: tool.py [-h] [--fast]\n\nRun the tool.\n\noptions:\n  -h, --help  show this help message and exit",
 ])
 def test_successes_that_mention_errors_are_successes(success):
     assert kinds(conversation(user("go"), *same_calls(4, result=success))) == []
@@ -396,6 +439,11 @@ def test_successes_that_mention_errors_are_successes(success):
     '{"error": {"message": "rate limited"}}',
     "<returncode>1</returncode>\n<output>\ngrep: src: Is a directory\n</output>",
     "cat: src/app.py: No such file or directory",
+    # Cline CLI 3.0.65's read_files on a missing file: a list of objects that say they failed.
+    '[{"query":"/w/config/settings.json","result":"","error":"Error reading file: ENOENT: no such file or '
+    'directory, statx \'/w/config/settings.json\'","success":false}]',
+    '{"ok": true, "success": false, "message": "the patch did not apply"}',
+    "Usage: edit <start_line>:<end_line>",  # SWE-agent answering a malformed edit command
 ])
 def test_errors_by_their_form(failure):
     assert kinds(conversation(user("go"), *same_calls(3, result=failure))) == [(1, "tool_error")]
@@ -426,8 +474,8 @@ def test_shell_line_numbers_do_not_hide_the_same_failure():
 
 
 def test_the_same_call_past_three_times_the_threshold_is_a_loop_whatever_its_results():
-    edit = {"path": "src/app.py", "line": 40, "text": "    return parse(value)"}
-    calls = [step("edit_file", edit, f"Edited src/app.py: now {100 + i} lines") for i in range(16)]
+    query = {"sql": "select count(*) from jobs where state = 'queued'"}
+    calls = [step("run_query", query, f"count: {100 + i}") for i in range(16)]
     found = eps(conversation(user("go"), *calls[:14]))
     assert found == []
     found = eps(conversation(user("go"), *calls))
@@ -435,7 +483,54 @@ def test_the_same_call_past_three_times_the_threshold_is_a_loop_whatever_its_res
     assert found[0].detail["same_result"] is False
     assert "its result changed" in warning_text(found[0])
     # A whitelisted tool is never counted, however often.
-    assert eps(conversation(user("go"), *calls), DetectConfig(whitelisted_tools=frozenset({"edit_file"}))) == []
+    assert eps(conversation(user("go"), *calls), DetectConfig(whitelisted_tools=frozenset({"run_query"}))) == []
+
+
+EDIT = {"path": "src/app.py", "old_str": "return parse(value)", "new_str": "return parse(value.strip())"}
+
+
+@pytest.mark.parametrize("name", ["str_replace_based_edit_tool", "apply_patch", "write_file", "edit", "MultiEdit",
+                                  "search_replace", "insert_lines", "str_replace_editor"])
+def test_the_same_edit_threshold_times_in_a_row_is_a_loop_whatever_its_results(name):
+    calls = [step(name, EDIT, f"The file src/app.py has been edited: now {100 + i} lines") for i in range(7)]
+    assert eps(conversation(user("go"), *calls[:4])) == []
+    found = eps(conversation(user("go"), *calls))
+    assert [(e.number, e.type, e.turn, e.is_stop) for e in found] == [
+        (1, "tool_call", 5, False), (2, "tool_call", 6, False), (3, "tool_call", 7, True)]
+    assert found[0].detail["same_result"] is False and "its result changed" in warning_text(found[0])
+
+
+@pytest.mark.parametrize("name", ["read_file", "credit_check", "todo", "applications_list", "view"])
+def test_other_tools_whose_results_change_are_not_edits(name):
+    calls = [step(name, EDIT, f"result {i}") for i in range(7)]
+    assert eps(conversation(user("go"), *calls)) == []
+
+
+def test_a_policy_says_which_tools_edit():
+    calls = [step("sed_tool", EDIT, f"done {i}") for i in range(5)]
+    marked = DetectConfig(policies=parse_policies({"tools": {"sed_*": {"edit": True}}}))
+    assert kinds(conversation(user("go"), *calls)) == []
+    assert kinds(conversation(user("go"), *calls), marked) == [(1, "tool_call")]
+    writer = [step("write_log", EDIT, f"appended line {i}") for i in range(5)]
+    unmarked = DetectConfig(policies=parse_policies({"tools": {"write_log": {"edit": False}}}))
+    assert kinds(conversation(user("go"), *writer)) == [(1, "tool_call")]
+    assert kinds(conversation(user("go"), *writer), unmarked) == []
+
+
+def test_two_edits_applied_in_turn_past_three_times_the_threshold_rounds_are_a_cycle():
+    first = dict(EDIT, new_str="return parse(value.strip())")
+    second = dict(EDIT, old_str="return parse(value.strip())", new_str="return parse(value)")
+    calls = []
+    for i in range(16):
+        calls += [step("str_replace_based_edit_tool", first, f"edited: {i}a"),
+                  step("str_replace_based_edit_tool", second, f"edited: {i}b")]
+    assert eps(conversation(user("go"), *calls[:29])) == []
+    found = eps(conversation(user("go"), *calls[:30]))  # round 15
+    assert [(e.type, e.turn) for e in found] == [("tool_cycle", 30)]
+    assert found[0].detail["same_result"] is False and "their results changed" in warning_text(found[0])
+    # Any two calls in turn, edits or not.
+    polls = [step(name, {}, f"{name} {i}") for i in range(15) for name in ("status", "progress")]
+    assert kinds(conversation(user("go"), *polls)) == [(1, "tool_cycle")]
 
 
 def test_a_poll_whose_answer_changes_is_progress_up_to_the_bound():
@@ -568,3 +663,25 @@ def test_six_seven_and_eight_call_cycles_fire_one_round_early():
 def test_a_long_cycle_whose_results_change_is_progress():
     calls = [step(name, {"n": name}, f"{name} round {r}") for r in range(5) for name in "ABCDEF"]
     assert kinds(conversation(user("go"), *calls)) == []
+
+
+NPM_FAILURE = """npm ERR! code ERESOLVE
+npm ERR! ERESOLVE unable to resolve dependency tree
+npm ERR! Found: react@18.2.0
+npm ERR! Could not resolve dependency: peer react@"^17.0.0" from legacy-widget@1.4.0
+
+npm ERR! A complete log of this run can be found in: /root/.npm/_logs/2026-11-24T01_05_{second:02d}_{ms:03d}Z-debug-0.log"""
+
+
+def test_a_repeated_npm_failure_is_the_same_error_whatever_its_log_files_timestamp():
+    calls = [step("bash", {"command": "npm install"}, NPM_FAILURE.format(second=i * 7, ms=i * 131)) for i in range(3)]
+    found = eps(conversation(user("go"), *calls))
+    assert [(e.number, e.type) for e in found] == [(1, "tool_error")]
+    assert "_logs/…-debug-0.log" in found[0].detail["error"]
+
+
+def test_a_usage_message_answering_each_malformed_call_is_one_error():
+    calls = [step("bash", {"command": f"edit {i}"}, "Usage: edit <start_line>:<end_line>") for i in (12, 14, 15)]
+    found = eps(conversation(user("go"), *calls))
+    assert [(e.number, e.type) for e in found] == [(1, "tool_error")]
+    assert len(found[0].detail["calls"]) == 3

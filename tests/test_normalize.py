@@ -25,6 +25,8 @@ from proxy.detect.normalize import mask
     ("\x1b]0;title\x07text", "\x00text"),
     ("commit 3f9a2c1b7d", "commit \x00"),
     ("  many \n\t spaces  ", "many spaces"),
+    ("see /root/.npm/_logs/2026-11-24T01_05_00_000Z-debug-0.log", "see /root/.npm/_logs/\x00-debug-0.log"),
+    ("build_2026-11-24_01-05-00.log", "build_\x00.log"),
 ])
 def test_noise_is_masked(noisy, masked):
     assert mask(noisy) == masked

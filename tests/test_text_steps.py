@@ -158,9 +158,34 @@ def test_the_harness_repeating_a_format_error_is_not_a_person():
     malformed = "THOUGHT: two at once.\n\n```mswea_bash_command\nls\n```\n\n```mswea_bash_command\npwd\n```"
     messages = chat("Fix the parser.", [(malformed, error)] * 4)
     state, _ = analyze(DEFAULT, messages)
-    # The first format error looked like a person; from its repeat on, it is the harness answering a step.
-    assert state.start == 4 and state.turns == 3
-    assert [(e.type, e.is_stop) for e in episodes(DEFAULT, state)] == [("tool_error", False)]
+    # The first format error looked like a person until it came again: then it was the harness answering a
+    # step all along, and the task is still the person's.
+    assert state.start == 2 and state.turns == 4
+    assert [(e.type, e.turn, e.is_stop) for e in episodes(DEFAULT, state)] == [
+        ("tool_error", 3, False), ("tool_error", 4, False)]
+    # One format error is a person's message until it repeats.
+    state, _ = analyze(DEFAULT, chat("Fix the parser.", [(malformed, error)]))
+    assert state.start == 4 and state.turns == 0
+
+
+def test_a_format_error_whose_count_changes_is_the_harness_warned_after_the_third():
+    # mini-swe-agent's format error, its count changing with the malformed answer it answers.
+    error = ("Format error:\n\n<error>\nFound {n} actions.\n</error>\n\nPlease always provide EXACTLY ONE action "
+             "in triple backticks, found {n} actions.")
+    malformed = "THOUGHT: try again.\n\n" + "\n\n".join(f"```mswea_bash_command\nls {i}\n```" for i in range(3))
+    answers = [error.format(n=n) for n in (3, 2, 4, 2)]
+    for count, expected in ((2, []), (3, [("tool_error", 3, False)])):
+        messages = chat("Fix the parser.", [(malformed, answer) for answer in answers[:count]])
+        state, _ = analyze(DEFAULT, messages)
+        assert state.start == 2, "the harness's reply is not a new task"
+        assert [(e.type, e.turn, e.is_stop) for e in episodes(DEFAULT, state)] == expected
+    assert "found … actions" in episodes(DEFAULT, state)[0].detail["error"]
+    # Folded request by request (the cache carried on), the verdict is the same.
+    cache = None
+    for count in range(1, 5):
+        state, cache = analyze(DEFAULT, chat("Fix the parser.", [(malformed, a) for a in answers[:count]]),
+                               0, cache)
+    assert [(e.type, e.turn) for e in episodes(DEFAULT, state)] == [("tool_error", 3), ("tool_error", 4)]
 
 
 # DSPy's ReAct requests (question and a growing trajectory), then its extractor's, which ends the run.
@@ -209,3 +234,18 @@ def test_the_response_watcher_reads_text_actions():
     assert repeated is not None and repeated.type == "tool_call"
     moved_on = {"role": "assistant", "content": "Thought: try the docs.\nAction: search\nAction Input: {\"q\": \"x\"}"}
     assert ResponseWatcher(DEFAULT, state.clone(), decision, len(messages), False).finish(neutral([moved_on])[0]) is None
+
+
+def test_a_text_agents_edit_command_repeated_is_a_loop_whatever_its_observations():
+    edit = "DISCUSSION\nFix the return.\n\n```\nedit 12:12\n    return parse(value.strip())\nend_of_edit\n```"
+    observation = "[File: /repo/src/app.py ({n} lines total)]\n(Open file: /repo/src/app.py)\n(Current directory: /repo)\nbash-$"
+    steps = [(edit, observation.format(n=100 + i)) for i in range(5)]
+    assert kinds(chat("Fix the parser.", steps[:4])) == []
+    assert kinds(chat("Fix the parser.", steps)) == [(1, "tool_call", False)]
+
+
+def test_a_short_nudge_is_the_harness_from_its_repeat_on_and_its_first_time_a_persons():
+    reply = "I will look at the configuration next."
+    state, _ = analyze(DEFAULT, chat("Fix the parser.", [(reply, "go on")] * 3))
+    # The first `go on` opened a task (a person may say it); its repeats are the harness answering in it.
+    assert state.start == 4 and state.turns == 2

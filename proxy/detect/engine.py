@@ -2,7 +2,8 @@
 
 A conversation is folded message by message. A user message starts a task;
 each assistant message is one turn and may complete one finding (the rules it
-tripped, in SPEC order). The fold's state after the messages already seen is
+tripped, in SPEC order); a message holding several calls is several steps, each
+of which may complete one. The fold's state after the messages already seen is
 cached per session, so a long conversation is analysed only by its new
 messages; the cache is checked against every message's fingerprint, so it can
 make an analysis faster but never change a verdict.
@@ -20,6 +21,8 @@ from proxy.detect.judge_policy import JudgeCheck
 from proxy.detect.normalize import canonical_arguments, digest, excerpt, is_error_form, mask
 from proxy.detect.text_steps import (
     TextAction,
+    is_agent_preamble,
+    is_agent_reply,
     is_observation,
     observation_failed,
     observation_text,
@@ -27,7 +30,7 @@ from proxy.detect.text_steps import (
     task_text,
     trajectory,
 )
-from proxy.detect.tools import ERROR_REPEATS, Call, ToolFinding, ToolTracker
+from proxy.detect.tools import ERROR_REPEATS, Call, ToolFinding, ToolTracker, is_edit
 from proxy.conversation import (  # noqa: F401 (the prefixes are the engine's vocabulary too)
     ASSISTANT,
     CUT_NOTICE_PREFIX,
@@ -67,15 +70,18 @@ class DetectConfig:
             policies=settings.policies,
         )
 
-    def tool_rule(self, name: str, turn: int) -> tuple[bool, int, int]:
-        """For a tool: whether it is exempt, and its thresholds for repeats and for the same error."""
+    def tool_rule(self, name: str, turn: int) -> tuple[bool, int, int, bool]:
+        """For a tool: whether it is exempt, its thresholds for repeats and for the same error, and whether it
+        edits (by its name, or as its policy says)."""
         rule = self.policies.tool(name) if self.policies.tools else {}
         if name in self.whitelisted_tools or rule.get("exempt"):
-            return True, 0, 0
+            return True, 0, 0, False
+        edit = rule.get("edit")
+        edit = is_edit(name) if edit is None else edit
         threshold = rule.get("threshold")
         if threshold is not None:
-            return False, threshold, threshold
-        return False, self.tool_threshold(turn), ERROR_REPEATS
+            return False, threshold, threshold, edit
+        return False, self.tool_threshold(turn), ERROR_REPEATS, edit
 
     def _scaled(self, base: int, turn: int) -> int:
         # Short tasks stricter, long ones looser (3 / 5 / 7 for a base of 5).
@@ -103,7 +109,7 @@ class Finding:
     turn: int
     trips: list[tuple[str, dict]]
     was_cut: bool = False  # the message carries the cut notice: the proxy cut it, and logged it then
-    step: int = 0  # the step within the message, for a DSPy trajectory that holds many
+    step: int = 0  # the step within the message: a call of several in one message, a DSPy trajectory's step
 
     @property
     def position(self) -> tuple[int, int]:
@@ -138,10 +144,15 @@ class TaskState:
     findings: list[Finding] = field(default_factory=list)
     turn_places: list[tuple[int, int, int]] = field(default_factory=list)  # per turn: (message index, step, place)
     harness: set[bytes] = field(default_factory=set)  # masked user texts that answered the assistant in this task
+    # When a user text answering the assistant's text opened this task: the task before, as it was before that
+    # assistant message, the message's index, and the text's harness key. Should the same text (numbers aside)
+    # answer the assistant again, it was the harness all along, and the two are one task.
+    before: "tuple[TaskState, int, bytes] | None" = None
 
     def clone(self) -> "TaskState":
         return TaskState(self.start, self.key, self.tools.clone(), self.content.clone(), self.turns,
-                         self.anchored, list(self.findings), list(self.turn_places), set(self.harness))
+                         self.anchored, list(self.findings), list(self.turn_places), set(self.harness),
+                         self.before)
 
     def anchor(self, first_turn: Message) -> None:
         """Name this run of the task by its first assistant turn's first call id: a rerun of the same
@@ -213,30 +224,97 @@ def text_call(action: TextAction, observation: str | None, marked: bool = False)
     return _call(action.name, action.arguments, None if observation is None else (observation, marked))
 
 
-def _user_answer(messages: list[Message], j: int) -> str | None:
-    """The text of the user message right after message j, if there is one."""
-    if j + 1 < len(messages):
-        answer = messages[j + 1]
+def _own_at(messages: list[Message], k: int) -> int:
+    """How many messages from k on the agent wrote itself: its preamble or note (Aider's `I updated the
+    files.`, its file-context message), and the reply it recorded for the model (`Ok.`). 0, 1 or 2."""
+    message = messages[k]
+    if message.role != USER or message.injected or not is_agent_preamble(message.text):
+        return 0
+    if k + 1 < len(messages) and messages[k + 1].role == ASSISTANT and not messages[k + 1].calls \
+            and is_agent_reply(messages[k + 1].text):
+        return 2
+    return 1
+
+
+def _past_own(messages: list[Message], k: int) -> int:
+    """The first message from k on that the agent did not write itself."""
+    while k < len(messages):
+        own = _own_at(messages, k)
+        if not own:
+            break
+        k += own
+    return k
+
+
+def _user_answer(messages: list[Message], j: int) -> int | None:
+    """Where the user message answering message j is (after what the agent wrote itself), if there is one."""
+    k = _past_own(messages, j + 1)
+    if k < len(messages):
+        answer = messages[k]
         if answer.role == USER and not answer.injected:
-            return answer.text
+            return k
     return None
+
+
+_NUMBERS = re.compile(r"\d+")
+# A reply this long (masked) is compared numbers aside: a harness's template with a count in it. A person's
+# short question about folder 2, then folder 3, stays two questions.
+_NUMBERS_ASIDE_FROM = 80
+
+
+def harness_form(text: str) -> str:
+    """A user text as the harness repeats it: masked, and numbers aside (`found 3 actions`, `found 2 actions`)."""
+    masked = mask(text)
+    return _NUMBERS.sub("\x00", masked) if len(masked) >= _NUMBERS_ASIDE_FROM else masked
+
+
+def _harness_key(text: str) -> bytes:
+    return digest(harness_form(text))
 
 
 def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) -> tuple[list[Call], int]:
     """An assistant message without native tool calls: the steps it acts in text, and where the messages
     that answer it end. A user message that is the harness talking (an observation, or the same text that
     answered the assistant before in this task) is part of the step, not a new task."""
-    answer = _user_answer(messages, j)
+    at = _user_answer(messages, j)
     actions = read_actions(text)
-    if answer is not None:
+    if at is not None:
+        answer = messages[at].text
         if actions and is_observation(answer):
             observation, failed = observation_text(answer), observation_failed(answer)
-            return [text_call(action, observation, failed) for action in actions], j + 2
-        if state.harness and digest(mask(answer)) in state.harness:
+            return [text_call(action, observation, failed) for action in actions], at + 1
+        if state.harness and _harness_key(answer) in state.harness:
             # The harness repeating itself (a format error): what it answers is the step, failed.
             actions = actions or [TextAction("reply", mask(text)[:2000])]
-            return [text_call(action, answer, marked=True) for action in actions], j + 2
+            return [text_call(action, harness_form(answer), marked=True) for action in actions], at + 1
     return [text_call(action, None) for action in actions or ()], j + 1
+
+
+def _may_open_task(state: "TaskState", messages: list[Message], j: int) -> int | None:
+    """Where the user text answering the assistant's text at j is, when it may open a new task (it is no
+    observation and not the harness known to this task)."""
+    at = _user_answer(messages, j)
+    if at is None:
+        return None
+    answer = messages[at].text
+    if is_observation(answer) or (state.harness and _harness_key(answer) in state.harness):
+        return None
+    return at
+
+
+def _repeats_opener(state: "TaskState", messages: list[Message], j: int, reset_at: int) -> bool:
+    """The text answering the assistant's text at j is the one that opened this task (numbers aside): the
+    harness answering again, so the task it opened never was one. Only a harness's template (a text long
+    enough to be compared numbers aside) is taken back so, and only while the task it opened has found
+    nothing (what it logged stays logged under it); a short nudge (`go on`) is the harness from its repeat on."""
+    before = state.before
+    if before is None or state.findings or before[1] < reset_at <= j:  # a reset between forgives what came before
+        return False
+    at = _user_answer(messages, j)
+    if at is None:
+        return False
+    form = harness_form(messages[at].text)
+    return len(form) >= _NUMBERS_ASIDE_FROM and digest(form) == before[2]
 
 
 def _tool_detail(found: ToolFinding) -> dict:
@@ -245,6 +323,8 @@ def _tool_detail(found: ToolFinding) -> dict:
     if found.type == "tool_cycle":
         detail["cycle"] = [c.name for c in found.calls]
         detail["cycle_arguments"] = [excerpt(c.arguments, 60) for c in found.calls]
+        if not found.same_result:
+            detail["same_result"] = False
     elif found.type == "tool_error":
         error = " ".join(_readable(first.error or "").split())
         # Its start and its end: where a traceback's exception and a test run's summary are.
@@ -292,7 +372,8 @@ def choose_trip(trips: list[tuple[str, dict]], previous_type: str | None) -> tup
 
 
 class Turn:
-    """One assistant turn being folded: text first, then tool calls, then the finding."""
+    """One assistant turn being folded: text first, then tool calls, then the finding (one per step, when the
+    message holds several calls)."""
 
     def __init__(self, config: DetectConfig, state: TaskState, message_index: int, step: int = 0) -> None:
         self.config = config
@@ -306,6 +387,8 @@ class Turn:
         self.channel: str | None = None  # the channel of the text last fed: where a chant completes
         self.tool_found: dict[str, ToolFinding] = {}  # the first finding of each type in this turn
         self._text_ended = False
+        self._chant_told = False  # the chant went into a step's finding already
+        self._last_step = step  # the step the turn's end belongs to
 
     def text(self, piece: str, channel: str | None = None) -> bool:
         """Feed text (`channel` REASONING for the model's reasoning: the turn's reasoning and its answer are one
@@ -339,29 +422,53 @@ class Turn:
     def tool_call(self, call: Call) -> None:
         self.end_text()
         self.state.content.reset()  # a tool call starts the content tracking afresh
-        exempt, threshold, error_repeats = self.config.tool_rule(call.name, self.turn)
+        exempt, threshold, error_repeats, edit = self.config.tool_rule(call.name, self.turn)
         if exempt:
             self.state.tools.skip()
             return
-        for found in self.state.tools.add(call, threshold, error_repeats):
+        for found in self.state.tools.add(call, threshold, error_repeats, edit):
             self.tool_found.setdefault(found.type, found)
+
+    def tool_calls(self, calls: list[Call], place: int) -> list[Finding]:
+        """The message's calls in order. Several in one message are steps (numbered from 1), each of which may
+        complete a finding of its own: identical calls in one message are consecutive repeats like any
+        others. Their warnings all go at `place`, after the results that answer the message."""
+        if len(calls) <= 1:
+            for call in calls:
+                self.tool_call(call)
+            return []
+        found = []
+        for number, call in enumerate(calls, start=1):
+            self.tool_call(call)
+            finding = self._found(place, False, number)
+            if finding is not None:
+                found.append(finding)
+        self._last_step = len(calls)
+        return found
+
+    def _found(self, place: int, was_cut: bool, step: int) -> Finding | None:
+        """What the step ending here tripped, as a finding; the turn's trips are spent."""
+        trips = [(kind, _tool_detail(self.tool_found[kind])) for kind in TYPES if kind in self.tool_found]
+        self.tool_found = {}
+        if self.chant is not None and not self._chant_told:
+            trips.append(("content", self.chant_detail()))
+            self._chant_told = True
+        if not trips:
+            return None
+        finding = Finding(self.message_index, place, self.turn, trips, was_cut, step)
+        self.state.findings.append(finding)
+        return finding
 
     def finish(self, place: int, was_cut: bool = False) -> Finding | None:
         self.end_text()
-        self.state.turn_places.append((self.message_index, self.step, place))
-        trips = [(kind, _tool_detail(self.tool_found[kind])) for kind in TYPES if kind in self.tool_found]
-        if self.chant is not None:
-            trips.append(("content", self.chant_detail()))
-        if not trips:
-            return None
-        finding = Finding(self.message_index, place, self.turn, trips, was_cut, self.step)
-        self.state.findings.append(finding)
-        return finding
+        self.state.turn_places.append((self.message_index, self._last_step, place))
+        return self._found(place, was_cut, self._last_step)
 
 
 def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin: int, end: int,
           reset_at: int) -> TaskState:
     j = begin
+    opening: tuple[TaskState, int, int] | None = None  # the task before a user text that may open one
     while j < end:
         message = messages[j]
         if j == reset_at and j > 0:
@@ -370,10 +477,18 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
         if message.injected:
             j += 1
         elif role == USER:
+            own = _own_at(messages, j)
+            if own:
+                j += own  # the agent's own preamble or note, and the reply it recorded: no task, no turn
+                continue
             text = message.text
             state = _new_task(config, messages, j + 1)
-            if j > 0 and messages[j - 1].role == ASSISTANT:
-                state.harness.add(digest(mask(text)))  # if it comes again, it is the harness talking
+            if opening is not None and opening[1] == j:
+                state.before = (opening[0], opening[2], _harness_key(text))
+                state.harness.add(state.before[2])  # if it comes again, it is the harness talking
+            elif j > 0 and messages[j - 1].role == ASSISTANT:
+                state.harness.add(_harness_key(text))
+            opening = None
             for number, step in enumerate(trajectory(text) or (), start=1):
                 # DSPy's ReAct: each step of the trajectory in this message is a turn.
                 turn = Turn(config, state, j, number)
@@ -381,8 +496,24 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
                 turn.finish(j + 1)
             j += 1
         elif role == ASSISTANT:
-            state.anchor(message)
+            if own_reply(messages, j):
+                j += 1  # an agent's recorded `Ok.` whose preamble is out of this request
+                continue
             text, was_cut = model_text(message)
+            if not message.calls:
+                if _repeats_opener(state, messages, j, reset_at):
+                    # The text that opened this task answers again: it was the harness, and its step is one of
+                    # the task before, folded again from that step on.
+                    restored, at, key = state.before
+                    restored = restored.clone()
+                    restored.harness.add(key)
+                    state = _fold(config, restored, messages, at, j, reset_at)
+                at = _may_open_task(state, messages, j)
+                if at is not None:
+                    snapshot = state.clone()
+                    snapshot.before = None
+                    opening = (snapshot, at, j)
+            state.anchor(message)
             if message.calls:
                 results, after = _tool_results(messages, j + 1)
                 calls = [make_call(call, results) for call in message.calls]
@@ -395,8 +526,7 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
                 cut = reasoning_cut(message.text)
                 if cut is not None:
                     turn.cut_in_reasoning(cut)
-            for call in calls:
-                turn.tool_call(call)
+            turn.tool_calls(calls, after)
             turn.finish(after, was_cut)
             j = after
         else:
@@ -407,10 +537,18 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
     return state
 
 
+def own_reply(messages: list[Message], j: int) -> bool:
+    """The assistant message at j is a reply the agent recorded after its own preamble (Aider's `Ok.`)."""
+    return j > 0 and _own_at(messages, j - 1) == 2
+
+
 def _final_step_start(messages: list[Message]) -> int:
     """Where the messages whose results may still grow begin (the last call still unanswered)."""
-    if messages and messages[-1].role == ASSISTANT:
-        return len(messages) - 1  # its answer, native or in text, is still to come
+    last = len(messages)
+    while last > 0 and (own_reply(messages, last - 1) or _own_at(messages, last - 1)):
+        last -= 1  # what the agent wrote itself after a step comes before the step's answer
+    if last and messages[last - 1].role == ASSISTANT and (last == len(messages) or not messages[last - 1].calls):
+        return last - 1  # its answer, native or in text, is still to come
     for j in range(len(messages) - 1, -1, -1):
         role = messages[j].role
         if role == TOOL:
@@ -466,7 +604,8 @@ def episode_of(config: DetectConfig, number: int, finding: Finding, trips: list[
 
 def episodes(config: DetectConfig, state: TaskState, *, plan_mode: bool = False,
              judge_checks: list[JudgeCheck] = ()) -> list[Episode]:
-    """Number the task's findings: one episode per message, named after its first allowed rule."""
+    """Number the task's findings: one episode per step (a message, or one call of several in a message),
+    named after its first allowed rule."""
     trips_at: dict[tuple[int, int], tuple[Finding, list[tuple[str, dict]]]] = {}
     for finding in state.findings:
         trips = allowed_trips(finding, plan_mode)
@@ -559,13 +698,14 @@ class ResponseWatcher:
             [text_call(action, None) for action in read_actions(model_text(message)[0]) or ()]
         if not calls and self._turn.end_text():
             return self._content_episode()
-        for call in calls:
-            self._turn.tool_call(call)
-        finding = self._turn.finish(self._turn.message_index + 1)
-        if finding is None:
-            return None
-        trips = allowed_trips(finding, self.plan_mode)
-        if not trips:
-            return None
-        self.episode = episode_of(self.config, self.next_number, finding, trips, self.previous_type)
-        return self.episode
+        place = self._turn.message_index + 1
+        found = self._turn.tool_calls(calls, place)
+        last = self._turn.finish(place)
+        # The first step that completes an episode (several identical calls in one answer: the first past the
+        # threshold); the next request's history numbers the rest.
+        for finding in found + ([last] if last is not None else []):
+            trips = allowed_trips(finding, self.plan_mode)
+            if trips:
+                self.episode = episode_of(self.config, self.next_number, finding, trips, self.previous_type)
+                return self.episode
+        return None

@@ -16,7 +16,8 @@ _NOISE = re.compile(
     (?:
         (?<=\x1b)(?:\[[0-9;?]*[\x20-\x2f]*[\x40-\x7e]|\][^\x07\x1b]*(?:\x07|\x1b\\))      # ANSI / OSC sequences
       | (?<=\d)(?:
-          \d{3}-\d{2}-\d{2}(?:[T\x20]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?  # ISO dates
+          \d{3}-\d{2}-\d{2}(?:[T\x20]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?  # ISO dates
+            | [T_]\d{2}[_-]\d{2}(?:[_-]\d{2}(?:[._]\d+)?)?Z?)?  # in a file name: 2026-11-24T01_05_00_000Z-debug-0.log
         | \d?:\d{2}:\d{2}(?:[.,]\d+)?                                                  # clock times
         | [0-9a-fA-F]{7}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}   # UUIDs
         | x[0-9a-fA-F]{4,}                                                             # addresses
@@ -120,17 +121,41 @@ def canonical_arguments(arguments: object) -> str:
         return str(value)
 
 
+def _failed_object(value: object) -> bool:
+    """A JSON object that says it failed: `"success": false`, or a non-empty `error`."""
+    return isinstance(value, dict) and (value.get("success") is False or bool(value.get("error")))
+
+
+def _usage(head: str, text: str) -> bool:
+    """A usage message answering a malformed call (`Usage: edit <start_line>:<end_line>`): short, and not a
+    help page asked for (`--help`, a list of options)."""
+    if head[:6].lower() != "usage:" or text.count("\n") > 12:
+        return False
+    lowered = text.lower()
+    return "--help" not in lowered and not any(section in lowered for section in _HELP_SECTIONS)
+
+
+_HELP_SECTIONS = ("\noptions:", "\noptional arguments:", "\npositional arguments:", "\ncommands:")
+
+
 def is_error_form(text: str) -> bool:
     """A tool result that reports a failure by its form: a leading `Error:`, a traceback, a non-zero exit
-    code, an `{"error": ...}` object, a shell or validation error, a tool's failure report (SPEC §5)."""
+    code, a JSON answer that says it failed, a usage message, a shell or validation error, a tool's failure
+    report (SPEC §5)."""
     head = text[:_ERROR_HEAD].lstrip()
-    if head.startswith("{"):
+    if head[:1] in ("{", "["):
         try:
             value = orjson.loads(text)
         except orjson.JSONDecodeError:
             pass
-        else:  # a JSON answer is an error when it says so in an `error` field
-            return isinstance(value, dict) and bool(value.get("error"))
+        else:
+            # A JSON answer is an error when it says so: an object with `"success": false` or an `error`, or a
+            # list of such objects (Cline's `[{"query": ..., "error": "Error reading file: ...", "success": false}]`).
+            if isinstance(value, list):
+                return bool(value) and all(_failed_object(item) for item in value)
+            return _failed_object(value)
+    if _usage(head, text):
+        return True
     if _LEADING_ERROR.match(head) or "Traceback (most recent call last)" in head \
             or head.startswith("Exception in thread "):
         return True

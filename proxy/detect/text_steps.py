@@ -173,6 +173,42 @@ def observation_text(text: str) -> str:
     return text
 
 
+# -- what agents write themselves ------------------------------------------------------------------------
+# Messages an agent records in the conversation on its own, in a person's place or the model's: never a
+# person's new task, never the model's output. Aider writes `I updated the files.` after every edit (failed or
+# not) and records the model's `Ok.`; it puts its file-context message (and its repository map, its read-only
+# files) with a recorded reply just before the newest user message. Qwen Code opens with its environment.
+
+_OWN_PREAMBLES = (
+    "I have *added these files to the chat*",  # Aider's file-context message
+    "Here are summaries of some files present in my git repository.",  # Aider's repository map
+    "Here are some READ ONLY files, provided for your reference.",  # Aider's read-only files
+    "This is the Qwen Code. We are setting up the context for our chat.",  # Qwen Code's environment
+)
+_OWN_NOTES = frozenset({"I updated the files.", "I switched to a new code base."})  # Aider's after an edit
+_OWN_REPLIES = frozenset({
+    "Ok.", "Ok, any changes I propose will be to those files.",
+    "Ok, I won't try and edit those files without asking first.", "Got it. Thanks for the context!"})
+
+
+def is_agent_preamble(text: str) -> bool:
+    """A user message the agent wrote itself, not a person: Aider's file-context message and the notes it
+    writes after an edit, Qwen Code's environment."""
+    head = text.lstrip()
+    return head.startswith(_OWN_PREAMBLES) or head.rstrip() in _OWN_NOTES
+
+
+def is_agent_reply(text: str) -> bool:
+    """An assistant message the agent recorded itself in answer to its own preamble (`Ok.`)."""
+    return text.strip() in _OWN_REPLIES
+
+
+def person_text(texts) -> str:
+    """The first of a conversation's user texts that a person wrote (the agent's own preambles skipped), as
+    names a task: DSPy's fields before its trajectory."""
+    return task_text(next((text for text in texts if not is_agent_preamble(text)), ""))
+
+
 # -- DSPy's ReAct: the trajectory inside one user message ------------------------------------------------
 
 _TRAJECTORY = "[[ ## trajectory ## ]]"

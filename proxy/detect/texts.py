@@ -15,7 +15,9 @@ def describe(episode: Episode) -> str:
     if episode.type == "tool_cycle":
         arguments = d.get("cycle_arguments") or [""] * len(d["cycle"])
         steps = " → ".join(f"`{name}` with {args}" for name, args in zip(d["cycle"], arguments))
-        return f"you repeated the same cycle of tool calls ({steps}) {d['repeats']} times with the same results"
+        outcome = "with the same results" if d.get("same_result", True) else \
+            "(their results changed, but going round the same calls again and again is not making progress)"
+        return f"you repeated the same cycle of tool calls ({steps}) {d['repeats']} times {outcome}"
     if episode.type == "tool_error" and d.get("calls"):
         calls = ", ".join(f"`{c['tool']}` with {c['arguments']}" for c in d["calls"])
         return (f"the same error answered your last {d['repeats']} calls, though they differed (the last were "

@@ -12,9 +12,26 @@ MAX_CYCLE = 8
 # Cycles longer than this need one round fewer: 4 rounds of a 6-call cycle are 24 calls of the same thing.
 LONG_CYCLE = 6
 ERROR_REPEATS = 3
-# Past this many times the threshold, identical calls in a row are a loop whatever their results (the same
-# edit applied at the same place changes the file every time).
+# Past this many times the threshold, identical calls in a row, or rounds of the same calls in the same order,
+# are a loop whatever their results (an edit is one at the threshold: applying it again changes the file
+# every time, and is never progress).
 BLIND_REPEATS = 3
+
+
+# A tool is an edit when a word of its name says so (`str_replace_based_edit_tool`, `apply_patch`, `write_file`,
+# `MultiEdit`, a text agent's `edit` command), or a policy marks it `edit = true`.
+_NAME_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
+_EDIT_STEMS = ("edit", "write", "rewrit", "replac", "patch", "insert")
+
+
+@functools.lru_cache(maxsize=4096)
+def is_edit(name: str) -> bool:
+    """Whether a tool's name says it edits: applying the same edit again changes the file every time."""
+    for word in _NAME_WORD.findall(name):
+        word = word.lower()
+        if word.startswith(_EDIT_STEMS) or word in ("apply", "applies"):
+            return True
+    return False
 
 
 # A shell tool's frame around its output (mini-swe-agent's tags, Codex CLI's header lines): no words of the error.
@@ -48,8 +65,9 @@ class Call:
     @property
     def says_something(self) -> bool:
         """An error that names a cause in words of its own: more than an exit code and empty output (`grep`
-        finding nothing) or a one-word nudge (`continue`)."""
-        return self.error is not None and sum(c.isalpha() for c in _FRAME.sub("", self.error)) >= 16
+        finding nothing) or a one-word nudge (`continue`). A usage message names what the call got wrong."""
+        return self.error is not None and (self.error[:6].lower() == "usage:"
+                                           or sum(c.isalpha() for c in _FRAME.sub("", self.error)) >= 16)
 
     @property
     def result(self) -> bytes | None:
@@ -93,12 +111,13 @@ class ToolTracker:
     """Streaks for every period 1..MAX_CYCLE, error counts and the run of one error answering consecutive
     calls, for one task. Constant memory but the error table."""
 
-    __slots__ = ("_recent", "_runs", "_blind_run", "_errors", "_error_run", "_error_calls")
+    __slots__ = ("_recent", "_runs", "_blind_runs", "_errors", "_error_run", "_error_calls")
 
     def __init__(self) -> None:
         self._recent: list[Call | None] = []  # last MAX_CYCLE calls; None is a call never counted
         self._runs = [0] * (MAX_CYCLE + 1)  # _runs[k]: consecutive calls equal to the call k before
-        self._blind_run = 0  # consecutive calls with the previous call's name and arguments, results aside
+        # _blind_runs[k]: consecutive calls with the name and arguments of the call k before, results aside
+        self._blind_runs = [0] * (MAX_CYCLE + 1)
         self._errors: dict[tuple[str, str], int] = {}
         self._error_run = 0  # consecutive calls answered by one and the same error
         self._error_calls: list[Call] = []  # the last of them, for the evidence
@@ -107,7 +126,7 @@ class ToolTracker:
         other = ToolTracker.__new__(ToolTracker)
         other._recent = self._recent[:]
         other._runs = self._runs[:]
-        other._blind_run = self._blind_run
+        other._blind_runs = self._blind_runs[:]
         other._errors = dict(self._errors)
         other._error_run = self._error_run
         other._error_calls = self._error_calls[:]
@@ -117,19 +136,21 @@ class ToolTracker:
         """A whitelisted call: never counted, and it breaks every streak and cycle around it."""
         self._recent = (self._recent + [None])[-MAX_CYCLE:]
         self._runs = [0] * (MAX_CYCLE + 1)
-        self._blind_run = 0
+        self._blind_runs = [0] * (MAX_CYCLE + 1)
         self._error_run = 0
         self._error_calls = []
 
-    def add(self, call: Call, threshold: int, error_repeats: int = ERROR_REPEATS) -> list[ToolFinding]:
-        """Count a call; every rule it trips, in the order of SPEC's table."""
+    def add(self, call: Call, threshold: int, error_repeats: int = ERROR_REPEATS,
+            edit: bool = False) -> list[ToolFinding]:
+        """Count a call (`edit`: the tool edits); every rule it trips, in the order of SPEC's table."""
         recent = self._recent
         runs = self._runs
-        previous = recent[-1] if recent else None
-        self._blind_run = self._blind_run + 1 if previous is not None and previous.key == call.key else 1
+        blind = self._blind_runs
         for k in range(1, MAX_CYCLE + 1):
             before = recent[-k] if len(recent) >= k else None
-            runs[k] = runs[k] + 1 if before is not None and _same(call, before) else 0
+            same_key = before is not None and before.key == call.key
+            blind[k] = blind[k] + 1 if same_key else 0
+            runs[k] = runs[k] + 1 if same_key and _same(call, before) else 0
         self._recent = (recent + [call])[-MAX_CYCLE:]
 
         found: list[ToolFinding] = []
@@ -139,8 +160,18 @@ class ToolTracker:
                 cycle = tuple(c for c in self._recent[-k:] if c is not None)
                 found.append(ToolFinding("tool_call" if k == 1 else "tool_cycle", cycle, runs[k] // k + 1))
                 break
-        if not found and self._blind_run >= BLIND_REPEATS * threshold:
-            found.append(ToolFinding("tool_call", (call,), self._blind_run, same_result=False))
+        if not found:
+            # Whatever the results: the same edit `threshold` times in a row, the same call past 3 × threshold
+            # times, the same calls in the same order past 3 × threshold rounds (two edits applied in turn).
+            identical = blind[1] + 1
+            if identical >= BLIND_REPEATS * threshold or (edit and identical >= threshold):
+                found.append(ToolFinding("tool_call", (call,), identical, same_result=False))
+            else:
+                for k in range(2, MAX_CYCLE + 1):
+                    if blind[k] >= k * (BLIND_REPEATS * threshold - 1):
+                        cycle = tuple(c for c in self._recent[-k:] if c is not None)
+                        found.append(ToolFinding("tool_cycle", cycle, blind[k] // k + 1, same_result=False))
+                        break
         if call.error is not None:
             count = self._errors.get((call.key, call.error), 0) + 1
             self._errors[(call.key, call.error)] = count

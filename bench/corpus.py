@@ -1,0 +1,73 @@
+"""Recall per agent and the benign count on the labelled real-run corpus, and what the captured agents' requests
+give when replayed.
+
+    .venv/bin/python bench/corpus.py [--captures]
+
+The corpus (`tests/corpus/`, labels in `labels.json`): each run replayed with the default settings, as
+`tests/test_corpus.py` does; a loop counts as warned when its first episode is a warning. With `--captures`,
+each captured agent's requests (`tests/fixtures/agents/*.jsonl`, one line per request of one run) replayed: the
+episodes of its last request (the whole history the run sent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from proxy.detect.engine import DetectConfig  # noqa: E402
+from proxy.replay import read_records, replay  # noqa: E402
+
+CORPUS = ROOT / "tests" / "corpus"
+CAPTURES = ROOT / "tests" / "fixtures" / "agents"
+
+
+def corpus() -> None:
+    labels = orjson.loads((CORPUS / "labels.json").read_bytes())
+    rows: dict[str, list[int]] = {}
+    for run, label in sorted(labels.items()):
+        (record,), errors = read_records([str(CORPUS / run)])
+        episodes = replay(DetectConfig(), record).episodes
+        row = rows.setdefault(label["agent"], [0, 0, 0, 0, 0])
+        row[0] += 1
+        if label["label"] == "loop":
+            row[1] += 1
+            row[2] += bool(episodes and episodes[0]["action"] == "warned")
+        else:
+            row[3] += 1
+            row[4] += bool(episodes)
+            if episodes:
+                print(f"  flagged: {run}: {[(e['type'], e['action']) for e in episodes]}")
+    print("| agent | runs | labelled loops | warned | benign runs | flagged |")
+    print("|---|---|---|---|---|---|")
+    total = [0] * 5
+    for agent, row in rows.items():
+        total = [a + b for a, b in zip(total, row)]
+        print(f"| {agent} | {row[0]} | {row[1]} | {row[2] if row[1] else '–'} | {row[3]} | {row[4]} |")
+    print(f"| all | {total[0]} | {total[1]} | {total[2]} | {total[3]} | {total[4]} |")
+
+
+def captures() -> None:
+    for path in sorted(CAPTURES.glob("*.jsonl")):
+        records, errors = read_records([str(path)])
+        last = replay(DetectConfig(), records[-1])
+        found = ", ".join(f"{e['action']} {e['type']} (turn {e['turn']})" for e in last.episodes) or "nothing"
+        print(f"{path.stem}: {len(records)} requests; the last replayed: {found}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--captures", action="store_true")
+    args = parser.parse_args()
+    corpus()
+    if args.captures:
+        captures()
+
+
+if __name__ == "__main__":
+    main()

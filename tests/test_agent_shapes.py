@@ -1,0 +1,98 @@
+"""The shapes real agents send, from request bodies captured from the agents themselves
+(`tests/fixtures/agents/`, one line per request of one run): replayed as `loopwarden replay` reads them, and
+folded request by request as the proxy sees them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from proxy.detect.engine import Decision, DetectConfig, analyze, episodes
+from proxy.inspection import session_of
+from proxy.replay import read_records, replay
+from proxy.wire.chat import ChatDialect
+
+AGENTS = Path(__file__).parent / "fixtures" / "agents"
+DEFAULT = DetectConfig()
+
+
+def requests(agent: str) -> list[dict]:
+    return [orjson.loads(line) for line in (AGENTS / f"{agent}.jsonl").read_bytes().splitlines() if line.strip()]
+
+
+def replayed(agent: str) -> list[tuple[str, str]]:
+    """What replaying the run's last request (the whole history it sent) logs."""
+    records, errors = read_records([str(AGENTS / f"{agent}.jsonl")])
+    assert errors == []
+    return [(e["action"], e["type"]) for e in replay(DEFAULT, records[-1]).episodes]
+
+
+def decisions(agent: str) -> list[tuple]:
+    """Per request of the run, as the proxy decides it: the warnings it carries, or the stop."""
+    result = []
+    for body in requests(agent):
+        state, _ = analyze(DEFAULT, ChatDialect.read(body).messages)
+        decision = Decision(episodes(DEFAULT, state))
+        result.append(("stop", decision.stop.type) if decision.stop else tuple(e.type for e in decision.warnings))
+    return result
+
+
+def test_mastra_one_message_history_is_warned_twice_and_stopped():
+    # Mastra 0.24 appends every step's identical read_file call to one assistant message, its results after it.
+    assert replayed("mastra") == [("warned", "tool_error"), ("warned", "tool_error"), ("stopped", "tool_error")]
+    assert decisions("mastra") == [(), (), (), ("tool_error",), ("tool_error", "tool_error"), ("stop", "tool_error")]
+
+
+@pytest.mark.parametrize("agent", ["continue", "google-adk", "kilo", "opencode", "qwen"])
+def test_agents_without_a_guard_are_warned_twice_and_stopped(agent):
+    found = replayed(agent)
+    assert [action for action, _ in found] == ["warned", "warned", "stopped"]
+    assert len({kind for _, kind in found}) == 1
+
+
+def test_cline_error_array_is_warned_as_tool_error():
+    # Cline CLI answers a failed read with [{"query": ..., "error": "Error reading file: ENOENT ...", "success":
+    # false}]; its own guard stops the run after the 5th call, so the proxy warns at the 3rd and the 4th.
+    assert replayed("cline") == [("warned", "tool_error"), ("warned", "tool_error")]
+    assert decisions("cline") == [(), (), (), ("tool_error",), ("tool_error", "tool_error")]
+
+
+def test_aider_three_failed_edits_are_warned_as_tool_error():
+    # Aider's own `I updated the files.` / `Ok.` after each edit and its file-context message before the
+    # newest failure are the agent's, not a person's: the three failures are one task. Aider stops itself
+    # after its 3rd reflection, so its last request carries the warning.
+    assert replayed("aider") == [("warned", "tool_error")]
+    assert decisions("aider") == [(), (), (), ("tool_error",)]
+    body = requests("aider")[-1]
+    conversation = ChatDialect.read(body)
+    state, _ = analyze(DEFAULT, conversation.messages)
+    (episode,) = episodes(DEFAULT, state)
+    assert state.start == 2 and state.turns == 3  # the task is the person's `fix the bug in a.py`
+    assert episode.detail["tool"] == "edit" and "failed to match" in episode.detail["error"]
+    # The warning goes after the failure that completed the loop, before Aider's closing system reminder.
+    assert conversation.messages[episode.place - 1].text.startswith("# 1 SEARCH/REPLACE block failed to match!")
+    assert conversation.messages[episode.place].role == "system"
+
+
+def test_aider_run_that_goes_well_is_clean_and_its_second_message_is_a_persons():
+    for body in requests("aider-benign"):
+        state, _ = analyze(DEFAULT, ChatDialect.read(body).messages)
+        assert episodes(DEFAULT, state) == []
+    messages = ChatDialect.read(requests("aider-benign")[-1]).messages
+    assert messages[state.start - 1].text == "is it fixed now?"
+
+
+@pytest.mark.parametrize("agent", ["aider", "aider-benign", "qwen"])
+def test_one_run_of_an_agent_is_one_session(agent):
+    # Aider's first request opens with its file-context message, which later requests move next to the newest
+    # user message; Qwen Code opens with its environment. The fingerprint uses the first message a person wrote.
+    sessions = {session_of({}, ChatDialect.read(body).messages, "t") for body in requests(agent)}
+    assert len(sessions) == 1
+
+
+def test_runs_on_different_prompts_are_different_sessions_though_the_agent_opens_alike():
+    first = ChatDialect.read(requests("aider")[0]).messages
+    other = [m._replace(text="add a docstring to a.py") if m.text == "fix the bug in a.py" else m for m in first]
+    assert session_of({}, first, "t") != session_of({}, other, "t")
