@@ -8,7 +8,7 @@ shapes, and nobody but the rules, the judge and the store reads these. Pure code
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import orjson
 
@@ -62,6 +62,47 @@ class Anchor:
     part: int = -1
 
 
+class LazyMessages(Sequence):
+    """A dialect's messages read as neutral ones only when looked at. A long conversation is sent again with
+    every request, and the rules look at the messages since the previous request (the fold cache holds the
+    rest): their fingerprints come from the dialect's own items, cheaper than reading every one."""
+
+    __slots__ = ("_raw", "_read", "_read_ones")
+
+    def __init__(self, raw: list, read: Callable[[Any], Message]) -> None:
+        self._raw = raw
+        self._read = read
+        self._read_ones: list[Message | None] = [None] * len(raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self._raw)))]
+        message = self._read_ones[index]
+        if message is None:
+            message = self._read_ones[index] = self._read(self._raw[index])
+        return message
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self._raw)))
+
+    def fingerprints(self) -> list[int]:
+        """A fingerprint per message, from its item as the client sent it."""
+        dumps = orjson.dumps
+        try:
+            return [hash(dumps(item)) for item in self._raw]
+        except orjson.JSONEncodeError:  # an item nested past what orjson writes: those are read instead
+            fingerprints = []
+            for index, item in enumerate(self._raw):
+                try:
+                    fingerprints.append(hash(dumps(item)))
+                except orjson.JSONEncodeError:
+                    fingerprints.append(hash(self[index]))
+            return fingerprints
+
+
 @dataclass
 class Conversation:
     """A request's conversation. `messages` may begin with history the request does not carry (a chained
@@ -69,7 +110,7 @@ class Conversation:
     `anchors`, per own message, say where something placed after it goes; None when the dialect's items are
     the messages themselves, one for one."""
 
-    messages: list[Message]
+    messages: Sequence[Message]
     own_start: int = 0
     anchors: list[Anchor] | None = None
 

@@ -23,7 +23,7 @@ class Settings:
 def test_a_request_reads_as_neutral_messages():
     messages = conversation(user("fix it"), step("read_file", {"path": "a.py"}, "Error: no such file"))
     messages.insert(1, {"role": "developer", "content": [{"type": "text", "text": "be brief"}]})
-    read = chat.read({"messages": messages}).messages
+    read = list(chat.read({"messages": messages}).messages)  # read lazily, as the rules look at them
     call_id = messages[3]["tool_calls"][0]["id"]
     assert read == [Message("system", "You are a coding agent."), Message("developer", "be brief"),
                     Message("user", "fix it"),

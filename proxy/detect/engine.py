@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from typing import Sequence
+
 import orjson
 
 from proxy.detect.content import Chant, ContentTracker
@@ -562,8 +564,10 @@ def _final_step_start(messages: list[Message]) -> int:
     return len(messages)
 
 
-def fingerprints_of(messages: list[Message]) -> list[int]:
-    return [_fingerprint(m) for m in messages]
+def fingerprints_of(messages: Sequence[Message]) -> list[int]:
+    """A fingerprint per message; from the dialect's own items when the messages are read lazily."""
+    own = getattr(messages, "fingerprints", None)
+    return own() if own is not None else [_fingerprint(m) for m in messages]
 
 
 def analyze(config: DetectConfig, messages: list[Message], reset_at: int = 0,

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy.conversation import ASSISTANT, Conversation, Message, ToolCall, from_record, insert_placed
+from proxy.conversation import ASSISTANT, Conversation, LazyMessages, Message, ToolCall, from_record, insert_placed
 from proxy.wire.dialect import RequestError, join_url, positive_int, sse
 from proxy.wire.errors import error_body, sse_error_event
 
@@ -137,7 +137,7 @@ class ChatDialect(OpenAIDialect):
             return Conversation([])
         if not (isinstance(messages, list) and all(isinstance(m, dict) for m in messages)):
             raise RequestError("'messages' must be an array of objects")
-        return Conversation([from_record(m) for m in messages])
+        return Conversation(LazyMessages(messages, from_record))
 
     @staticmethod
     def with_warnings(payload: dict, conversation: Conversation, warnings: list[tuple[int, str, str]]) -> dict:
