@@ -206,13 +206,15 @@ def agent_name(headers: Mapping[str, str]) -> str | None:
 _LEADING_BLOCKS = re.compile(r"\A(?:\s*<(system-reminder|environment_context|user_instructions|ide_[\w-]+)>"
                              r".*?</\1>)+", re.DOTALL)
 
+_ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[\x20-\x2f]*[\x40-\x7e]|\][^\x07\x1b]*(?:\x07|\x1b\\))")
+
 
 def title_of(prompt: str) -> str | None:
     """A session's title: its first prompt, masked (times, dates, ids, temporary paths), on one line, cut to
     120 characters. None for an empty prompt."""
     if not prompt:
         return None
-    text = _LEADING_BLOCKS.sub("", prompt, count=1)[:_TITLE_READ]
+    text = _ANSI.sub("", _LEADING_BLOCKS.sub("", prompt, count=1)[:_TITLE_READ])
     text = _printable(mask(text).replace("\x00", "…"), _TITLE_READ)
     if len(text) > TITLE_LENGTH:
         text = text[:TITLE_LENGTH - 1].rstrip() + "…"
