@@ -41,7 +41,7 @@ def _version(text: str) -> str:
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:
-    return (headers.get(name) or "").strip()
+    return (headers.get(name.lower()) or "").strip()  # the names are lower-cased by agent_of
 
 
 # -- the agents ---------------------------------------------------------------------------------------------
@@ -59,6 +59,7 @@ _PRODUCTS = {"qwencode": "Qwen Code", "opencode": "OpenCode", "kilo-code": "Kilo
              "cursor": "Cursor", "windsurf": "Windsurf", "zed": "Zed", "aider": "Aider", "openhands": "OpenHands",
              "amp": "Amp", "copilot": "GitHub Copilot", "githubcopilotchat": "GitHub Copilot Chat"}
 _PRODUCT = re.compile(r"([A-Za-z][\w.-]*)/(\S+)")
+_ANY_PRODUCT = re.compile(r"([^/\s]+)/(\S+)")
 # OpenRouter's attribution headers, which agents send under their own name.
 _TITLED = {"cline": "Cline", "kilo code": "Kilo Code", "roo code": "Roo Code", "aider": "Aider"}
 
@@ -149,8 +150,8 @@ def _stainless(headers: Mapping[str, str], agent: str) -> Agent | None:
     then an `anthropic-version` header tells Anthropic's from OpenAI's."""
     language = _header(headers, "x-stainless-lang").lower()
     match = _STAINLESS_UA.match(agent)
-    if not language and match is None:
-        return None
+    if match is None and (agent or not language):
+        return None  # a User-Agent of the client's own says more than the SDK under it
     if not language and match.group(2).lower() not in _LANGUAGES:
         return None
     client = (match.group(1) if match else "").lower().removeprefix("async")
@@ -170,7 +171,7 @@ def _stainless(headers: Mapping[str, str], agent: str) -> Agent | None:
 
 def _first_product(headers: Mapping[str, str], agent: str) -> Agent | None:
     """Anything else: the User-Agent's first product (`curl/8.5.0`, `python-httpx/0.27.0`)."""
-    match = _PRODUCT.match(agent)
+    match = _ANY_PRODUCT.match(agent)
     if match is not None:
         return Agent(_printable(match.group(1), _NAME_LENGTH), _version(match.group(2)))
     name = _printable(agent.split(" ", 1)[0], _NAME_LENGTH) if agent else ""
@@ -186,6 +187,7 @@ READERS: tuple[Callable[[Mapping[str, str], str], Agent | None], ...] = (
 
 def agent_of(headers: Mapping[str, str]) -> Agent | None:
     """The agent (name and version) that sent a request, or None when its headers say nothing."""
+    headers = {name.lower(): value for name, value in headers.items()}
     agent = _printable(_header(headers, "User-Agent"), 512)
     for reader in READERS:
         found = reader(headers, agent)

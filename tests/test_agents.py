@@ -51,6 +51,9 @@ CAPTURED = [
                                            "x-stainless-package-version": "0.60.0", "anthropic-version": "2023-06-01"}),
     ("Anthropic SDK (Python) 0.69.0", {"User-Agent": "AsyncAnthropic/Python 0.69.0", **STAINLESS_PY,
                                        "X-Stainless-Package-Version": "0.69.0", "anthropic-version": "2023-06-01"}),
+    # An agent of its own on an SDK: its User-Agent names it; the SDK's headers alone name the SDK.
+    ("MyAgent 1.2", {"User-Agent": "MyAgent/1.2", **STAINLESS_PY, "X-Stainless-Package-Version": "2.54.0"}),
+    ("OpenAI SDK (Python) 2.54.0", {**STAINLESS_PY, "X-Stainless-Package-Version": "2.54.0"}),
     ("curl 8.5.0", {"User-Agent": "curl/8.5.0"}),
     ("python-httpx 0.28.1", {"User-Agent": "python-httpx/0.28.1"}),
 ]
