@@ -118,7 +118,8 @@ async def _sessions(engine, args, since) -> str:
     items = await queries.list_sessions(engine, since, limit=args.limit)
     if args.format == "json":
         return _json(items)
-    columns = ["session_id", "first_seen", "last_seen", "requests", "messages", "detections", "disabled", "model"]
+    columns = ["session_id", "first_seen", "last_seen", "requests", "messages", "detections", "disabled", "model",
+               "agent", "title"]
     if args.format == "csv":
         return _csv(columns + ["tenant"], items)
     return _table(columns, [{**i, "first_seen": _local(i["first_seen"]), "last_seen": _local(i["last_seen"])}
@@ -136,6 +137,8 @@ async def _session(engine, args, since) -> str:
         out.append(f"session {session['session_id']} (tenant {session['tenant']}): {session['requests']} requests, "
                    f"last seen {_local(session['last_seen'])}"
                    f"{', detection disabled' if session['disabled'] else ''}")
+        if session["agent"] or session["title"]:
+            out.append(f"  {session['agent'] or 'unknown agent'}: {session['title'] or '(no prompt)'}")
         for entry in session["timeline"]:
             if entry["kind"] == "detection":
                 out.append(f"  {_local(entry['at'])}  {entry['action']:<7} {entry['type']:<10} "

@@ -12,10 +12,11 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import orjson
 
+from proxy.agents import agent_name, title_of
 from proxy.config import Settings
 from proxy.conversation import SYSTEM, USER, Chain, Conversation, Message, RequestError
 from proxy.detect.engine import (
@@ -81,10 +82,13 @@ def session_of(headers: Mapping[str, str], messages: list[Message], tenant: str,
     if chain is not None and chain.session_id:
         return chain.session_id
     system = next((m.text for m in messages if m.role in (SYSTEM, "developer")), "")
-    # The first message a person wrote: an agent's own preamble (Aider's file-context message, which moves
-    # after the first request) is skipped.
-    first_user = person_text(m.text for m in messages if m.role == USER)
-    return "fp-" + digest(f"{tenant}\x00{system}\x00{first_user}").hex()[:16]
+    return "fp-" + digest(f"{tenant}\x00{system}\x00{first_prompt(messages)}").hex()[:16]
+
+
+def first_prompt(messages: Sequence[Message]) -> str:
+    """The first message a person wrote, as names a task (the session's fingerprint and its title): an agent's
+    own preamble (Aider's file-context message, which moves after the first request) is skipped."""
+    return person_text(m.text for m in messages if m.role == USER)
 
 
 @dataclass(slots=True)
@@ -117,7 +121,8 @@ class Facts(Protocol):
 
     def judge_checks(self, tenant: str, session_id: str, task: str) -> list[JudgeCheck]: ...
 
-    def session_seen(self, tenant: str, session_id: str, message_count: int, model: str | None) -> None: ...
+    def session_seen(self, tenant: str, session_id: str, message_count: int, model: str | None,
+                     agent: str | None = None, title: str | None = None) -> None: ...
 
 
 @dataclass
@@ -196,10 +201,12 @@ class Inspector:
         answer_headers = {"X-Loopwarden-Session": session_id}
         model = dialect.model(payload, incoming.path)
         key = (tenant, session_id)
+        new_here = self._message_counts.get(key) is None
         self._message_counts.put(key, len(messages))
         facts = self.facts
-        if facts is not None:
-            facts.session_seen(tenant, session_id, len(messages), model)
+        if facts is not None:  # the agent and title are read once per session and process: the first wins
+            agent, title = (agent_name(headers), title_of(first_prompt(messages))) if new_here else (None, None)
+            facts.session_seen(tenant, session_id, len(messages), model, agent, title)
         controls = facts.controls(tenant, session_id) if facts is not None else None
         if headers.get("X-Loopwarden-Disable", "").strip() in ("1", "true", "yes") or (
                 controls is not None and controls.disabled):

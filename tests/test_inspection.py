@@ -19,6 +19,7 @@ class Facts:
         self.disabled = disabled
         self.reset_at_message = 0
         self.seen: list[tuple] = []
+        self.named: list[tuple] = []
 
     def controls(self, tenant, session_id):
         return self
@@ -26,8 +27,9 @@ class Facts:
     def judge_checks(self, tenant, session_id, task):
         return []
 
-    def session_seen(self, tenant, session_id, message_count, model):
+    def session_seen(self, tenant, session_id, message_count, model, agent=None, title=None):
         self.seen.append((session_id, message_count, model))
+        self.named.append((agent, title))
 
 
 class Sink:
@@ -119,3 +121,24 @@ def test_the_tap_cuts_a_chanting_stream_at_the_delta_that_completed_it():
     assert fed == 10 and cut[0] == len(chunks[0])
     assert b'"finish_reason":"stop"' in cut[1] and cut[1].endswith(b"data: [DONE]\n\n")
     assert sink.logged == [("content", "cut", 1)]
+
+
+def test_a_session_is_named_once_by_its_agent_and_first_prompt():
+    """The agent from the headers and the title from the first message a person wrote are read at a session's
+    first request; later requests carry neither (the first seen wins)."""
+    facts = Facts()
+    guard = inspector(facts)
+    headers = {**HEADERS, "User-Agent": "QwenCode/0.15.10 (linux; x64)"}
+    messages = conversation(user("read the config at 2026-05-01T10:00:00Z"),
+                            step("read_file", {"path": "cfg.toml"}, "[server]"))
+    guard.inspect(incoming(messages, headers))
+    guard.inspect(incoming(messages + [{"role": "user", "content": "and now the port"}], headers))
+    assert facts.named == [("Qwen Code 0.15.10", "read the config at …"), (None, None)]
+
+
+def test_the_fingerprint_and_the_title_read_the_same_first_prompt():
+    from proxy.inspection import first_prompt, session_of
+    from proxy.conversation import Message
+    messages = [Message("system", "be brief"), Message("user", "fix a.py"), Message("user", "now b.py")]
+    assert first_prompt(messages) == "fix a.py"
+    assert session_of({}, messages, "t") == session_of({}, messages[:2], "t")

@@ -84,6 +84,11 @@ async def test_detections_reach_the_api_with_filters_and_paging(upstream, proxy_
     assert stats["by_action"] == {"warned": 2, "stopped": 1, "cut": 0} and stats["sessions_affected"] == 1
     status, session = await api("GET", f"{base}/sessions/run-1", "admin-secret")
     assert status == 200 and len(session["data"][0]["timeline"]) == 3
+    # The session names the agent that sent it (here the openai SDK) and its first prompt.
+    assert session["data"][0]["agent"].startswith("OpenAI SDK (Python) ")
+    assert session["data"][0]["title"] == "Fix the failing test."
+    status, listed = await api("GET", f"{base}/sessions", "admin-secret")
+    assert [(s["session_id"], s["title"]) for s in listed["data"]] == [("run-1", "Fix the failing test.")]
 
     # Auth: no token is refused; a client key sees only its own sessions.
     assert (await api("GET", f"{base}/detections"))[0] == 401
@@ -228,8 +233,12 @@ async def test_cli_queries_formats_and_errors(upstream, proxy_factory, tmp_path)
     assert orjson.loads(stats.stdout)["by_type"]["tool_call"] == 3
     sessions = await asyncio.to_thread(run_cli, "sessions", "--database-url", url)
     assert "cli-run" in sessions.stdout
+    header, row = sessions.stdout.splitlines()
+    assert header.split()[-2:] == ["AGENT", "TITLE"]
+    assert "OpenAI SDK (Python) " in row and row.endswith("Fix the failing test.")
     timeline = await asyncio.to_thread(run_cli, "session", "cli-run", "--database-url", url)
     assert "warned" in timeline.stdout and timeline.returncode == 0
+    assert "  OpenAI SDK (Python) " in timeline.stdout and ": Fix the failing test." in timeline.stdout
 
     bad_since = await asyncio.to_thread(run_cli, "detections", "--since", "last tuesday", "--database-url", url)
     assert bad_since.returncode == 2

@@ -95,6 +95,29 @@ async def test_writer_batches_dedupes_and_folds_session_sightings(database_url):
     await engine.dispose()
 
 
+async def test_a_sessions_agent_and_title_are_the_first_seen_and_fit_their_columns(database_url):
+    engine = await migrated(database_url)
+    writer = LogWriter(database_url)
+    writer.start()
+    writer.session_seen(SessionSeen("t1", "named", 2, "gpt-test", agent="Claude Code 2.1.330", title="fix a.py"))
+    writer.session_seen(SessionSeen("t1", "named", 4, "gpt-test"))  # later requests carry neither
+    writer.session_seen(SessionSeen("t1", "named", 6, "gpt-test", agent="other", title="other"))
+    writer.session_seen(SessionSeen("t1", "long", 1, None, agent="a\x00" * 200, title="t" * 500))
+    await writer.flush()
+    # Another replica's later sighting of the same session renames nothing.
+    writer.session_seen(SessionSeen("t1", "named", 8, "gpt-test", agent="Codex CLI 0.169.0", title="later"))
+    await writer.close()
+    sessions = {s["session_id"]: s for s in await queries.list_sessions(engine)}
+    assert (sessions["named"]["agent"], sessions["named"]["title"]) == ("Claude Code 2.1.330", "fix a.py")
+    assert sessions["named"]["requests"] == 4 and sessions["named"]["messages"] == 8
+    assert len(sessions["long"]["agent"]) == 128 and "\x00" not in sessions["long"]["agent"]
+    assert len(sessions["long"]["title"]) == 120
+    timeline = await queries.session_timeline(engine, "named")
+    assert timeline[0]["agent"] == "Claude Code 2.1.330" and timeline[0]["title"] == "fix a.py"
+    assert writer.rejected == 0
+    await engine.dispose()
+
+
 class Outage:
     """The log's database going away and coming back: PostgreSQL behind a relay that is cut, SQLite with its
     table renamed."""

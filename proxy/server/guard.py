@@ -37,8 +37,9 @@ class StoreFacts:
     def judge_checks(self, tenant: str, session_id: str, task: str):
         return self.store.judge_checks(tenant, session_id, task)
 
-    def session_seen(self, tenant: str, session_id: str, message_count: int, model: str | None) -> None:
-        self.store.session_seen(SessionSeen(tenant, session_id, message_count, model))
+    def session_seen(self, tenant: str, session_id: str, message_count: int, model: str | None,
+                     agent: str | None = None, title: str | None = None) -> None:
+        self.store.session_seen(SessionSeen(tenant, session_id, message_count, model, agent=agent, title=title))
 
 
 class ResponseChain:

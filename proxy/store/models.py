@@ -66,6 +66,8 @@ class SessionRow(Base):
     requests: Mapped[int] = mapped_column(Integer(), default=0)
     message_count: Mapped[int] = mapped_column(Integer(), default=0)
     model: Mapped[str | None] = mapped_column(String(256))
+    agent: Mapped[str | None] = mapped_column(String(128))  # the agent and its version, as first seen
+    title: Mapped[str | None] = mapped_column(String(120))  # the first prompt, masked and cut
     disabled: Mapped[bool] = mapped_column(Boolean(), default=False)
     reset_at_message: Mapped[int] = mapped_column(Integer(), default=0)
     controls_changed_at: Mapped[datetime | None] = mapped_column(DateTime())

@@ -273,7 +273,7 @@ def session_dict(row: Any, detections: int = 0) -> dict[str, Any]:
     return {
         "session_id": row.session_id, "tenant": row.tenant, "first_seen": iso(row.first_seen),
         "last_seen": iso(row.last_seen), "requests": row.requests, "messages": row.message_count,
-        "model": row.model, "disabled": row.disabled, "reset_at_message": row.reset_at_message,
+        "model": row.model, "agent": row.agent, "title": row.title, "disabled": row.disabled, "reset_at_message": row.reset_at_message,
         "detections": detections,
     }
 

@@ -94,7 +94,15 @@ class SessionSeen:
     session_id: str
     message_count: int
     model: str | None
+    agent: str | None = None  # the agent that sent the session's first request seen, and its version
+    title: str | None = None  # its first prompt, masked and cut
     at: datetime = field(default_factory=utcnow)
+
+
+def _keep_first(later: SessionSeen, earlier: SessionSeen) -> None:
+    """A later sighting keeps the agent and title of an earlier one."""
+    later.agent = earlier.agent or later.agent
+    later.title = earlier.title or later.title
 
 
 class LogWriter:
@@ -150,6 +158,9 @@ class LogWriter:
                 "requests": SessionRow.requests + upsert.excluded.requests,
                 "message_count": upsert.excluded.message_count,
                 "model": func.coalesce(upsert.excluded.model, SessionRow.model),
+                # The first seen wins: another replica's later sighting never renames a session.
+                "agent": func.coalesce(SessionRow.agent, upsert.excluded.agent),
+                "title": func.coalesce(SessionRow.title, upsert.excluded.title),
             },
         )
 
@@ -184,9 +195,13 @@ class LogWriter:
     def session_seen(self, seen: SessionSeen) -> None:
         seen.model = _clean_text(seen.model, 256)
         seen.session_id = _clean_text(seen.session_id, 256)
+        seen.agent = _clean_text(seen.agent, 128)
+        seen.title = _clean_text(seen.title, 120)
         key = (seen.tenant, seen.session_id)
         with self._lock:
             previous = self._sessions.get(key)
+            if previous is not None:
+                _keep_first(seen, previous[0])
             if previous is None and len(self._sessions) >= self.capacity:
                 dropped = 1
             else:
@@ -380,7 +395,8 @@ class LogWriter:
                 await connection.execute(self._upsert_sessions, [
                     {"tenant": seen.tenant, "session_id": seen.session_id, "first_seen": seen.at,
                      "last_seen": seen.at, "requests": count, "message_count": seen.message_count,
-                     "model": seen.model, "disabled": False, "reset_at_message": 0}
+                     "model": seen.model, "agent": seen.agent, "title": seen.title, "disabled": False,
+                     "reset_at_message": 0}
                     for _, (seen, count) in sessions])
         if inserted and self.on_inserted is not None:
             first = {row.episode_key for row in inserted}
@@ -436,6 +452,8 @@ class LogWriter:
             self._rows.extendleft(reversed(rows))
             for key, (seen, count) in sessions:
                 newer = self._sessions.get(key)
+                if newer is not None:
+                    _keep_first(newer[0], seen)
                 self._sessions[key] = (newer[0], newer[1] + count) if newer else (seen, count)
         if dropped:
             self._count_drop(dropped)

@@ -7,6 +7,7 @@ const REFRESH_MS = 10000;
 const $ = (id) => document.getElementById(id);
 let view = "overview";
 let openSession = null;
+let scrollToSession = false;  // the next timeline shown is scrolled into view (a click, or `#open=`)
 
 function el(tag, props = {}, ...children) {
   const node = document.createElement(tag);
@@ -170,18 +171,35 @@ async function loadSessions() {
   const list = await api(`/loopwarden/api/sessions?since=30d&limit=200`);
   $("session-list").tBodies[0].replaceChildren(...list.data.map((s) => {
     const row = el("tr", { class: "clickable" },
-      el("td", {}, s.session_id), el("td", {}, time(s.last_seen)), el("td", {}, String(s.messages)),
+      el("td", {}, s.session_id), el("td", { class: "agent" }, s.agent || ""),
+      el("td", { class: "title", title: s.title || "" }, s.title || ""),
+      el("td", {}, time(s.last_seen)), el("td", {}, String(s.messages)),
       el("td", {}, String(s.detections)),
       el("td", { class: s.disabled ? "state-disabled" : "" }, s.disabled ? "disabled" : "active"),
       el("td", {}, s.model || ""));
+    row.dataset.search = [s.session_id, s.agent || "", s.title || ""].join("\n").toLowerCase();
     row.addEventListener("click", () => showSession(s.session_id));
     return row;
   }));
+  filterSessions();
   if (openSession) await loadSession(openSession);
+}
+
+function filterSessions() {
+  // The search box keeps the sessions whose id, agent or title holds its words (as text, in any case).
+  const words = $("session-search").value.toLowerCase().split(/\s+/).filter(Boolean);
+  const rows = [...$("session-list").tBodies[0].rows];
+  let shown = 0;
+  for (const row of rows) {
+    row.hidden = !words.every((word) => row.dataset.search.includes(word));
+    if (!row.hidden) shown += 1;
+  }
+  $("session-count").textContent = words.length ? `${shown} of ${rows.length} sessions` : `${rows.length} sessions`;
 }
 
 async function showSession(id) {
   openSession = id;
+  scrollToSession = true;
   switchView("sessions");
 }
 
@@ -190,6 +208,7 @@ async function loadSession(id) {
   const session = found.data[0];
   $("session-detail").hidden = false;
   $("detail-id").textContent = session.session_id;
+  $("detail-agent").textContent = `${session.agent || "unknown agent"}: ${session.title || "(no prompt seen)"}`;
   $("detail-summary").textContent = `${session.requests} requests, ${session.messages} messages, last seen ` +
     `${time(session.last_seen)} — detection ${session.disabled ? "disabled" : "active"}`;
   const tasks = new Map();
@@ -204,6 +223,10 @@ async function loadSession(id) {
     blocks.push(el("div", { class: "task" }, el("h3", {}, `task ${n} (${task})`), ...entries.map(timelineEntry)));
   }
   $("timeline").replaceChildren(...(blocks.length ? blocks : [el("p", { class: "muted" }, "no episodes")]));
+  if (scrollToSession) {  // once: a refresh leaves the page where the reader scrolled it
+    scrollToSession = false;
+    $("session-detail").scrollIntoView({ block: "start" });
+  }
 }
 
 function timelineEntry(entry) {
@@ -266,6 +289,8 @@ function start() {
   });
   for (const id of ["since", "type", "action"]) $(id).addEventListener("change", refresh);
   $("session-filter").addEventListener("change", refresh);
+  $("session-search").addEventListener("input", filterSessions);
+  $("session-search-form").addEventListener("submit", (event) => event.preventDefault());
   $("filters").addEventListener("submit", (event) => { event.preventDefault(); refresh(); });
   $("reset").addEventListener("click", () => control("reset"));
   $("disable").addEventListener("click", () => control("disable"));
