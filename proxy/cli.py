@@ -6,10 +6,11 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
 import sys
 from typing import Sequence
 
-from proxy.config import FIELDS, ConfigError, Settings, flag_name, resolve
+from proxy.config import FIELDS, ConfigError, Settings, flag_name, help_line, resolve, shown_url
 
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1
@@ -28,9 +29,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _settings_flags(parser: argparse.ArgumentParser, *, server: bool) -> None:
     """One flag per setting for `serve`; the query commands need only where the database is."""
-    parser.add_argument("--config", help="TOML file with settings")
+    parser.add_argument("--config", help="TOML file with settings (default: none; env LOOPWARDEN_CONFIG)")
     for setting in FIELDS if server else ("database_url",):
-        parser.add_argument(flag_name(setting), dest=setting, metavar=setting.upper())
+        parser.add_argument(flag_name(setting), dest=setting, metavar=setting.upper(),
+                            help=help_line(setting).replace("%", "%%"))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the proxy")
     _settings_flags(serve, server=True)
-    serve.add_argument("--no-migrate", action="store_true", help="do not apply migrations on start")
+    serve.add_argument("--no-migrate", action="store_true",
+                       help="do not apply migrations on start (default: apply them)")
 
     migrate = commands.add_parser("migrate", help="apply database migrations")
     _settings_flags(migrate, server=False)
@@ -118,16 +121,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(settings, migrate=not args.no_migrate)
         if args.command == "migrate":
             run_migrations(settings.database_url)
-            print("database is up to date")
+            _emit("database is up to date")
             return 0
         if args.command == "config":
-            print(commands.describe_config(settings, sources))
+            _emit(commands.describe_config(settings, sources))
             return 0
         if args.command == "replay":
             output, failed = commands.replay(args, settings)
-            print(output)
+            _emit(output)
             return EXIT_RUNTIME if failed else 0
-        print(asyncio.run(commands.run(args, settings)))
+        _emit(asyncio.run(commands.run(args, settings, sources)))
+        return 0
+    except BrokenPipeError:  # piped into `head` or a pager that closed early: nothing more to say
+        _quiet_stdout()
         return 0
     except KeyboardInterrupt:
         return 130
@@ -142,6 +148,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         first = str(exc).strip().splitlines()
         print(f"loopwarden: {type(exc).__name__}: {first[0] if first else ''}", file=sys.stderr)
         return EXIT_RUNTIME
+
+
+def _emit(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()  # a closed pipe shows here, not at exit
+
+
+def _quiet_stdout() -> None:
+    """Standard output is a closed pipe: point it at /dev/null, so the flush at exit says nothing either."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 # Young collections every 10,000 allocations rather than 700: a full collection walks every object the
@@ -163,7 +184,6 @@ def _serve(settings: Settings, *, migrate: bool) -> int:
 
     from proxy.server.app import CLIENT_IDLE_TIMEOUT, create_app
     from proxy.loops import loop_name, new_event_loop
-    from proxy.wire.dialect import shown
 
     if migrate:
         from proxy.store.database import run_migrations
@@ -171,10 +191,12 @@ def _serve(settings: Settings, *, migrate: bool) -> int:
         run_migrations(settings.database_url)
     app = create_app(settings)
     app.on_startup.append(_settle_heap)
+    from proxy.store.database import describe
+
     logging.getLogger("loopwarden").info(
-        "loopwarden listening on http://%s:%s, upstreams %s (OpenAI), %s (Anthropic), %s (Gemini), on %s",
-        settings.host, settings.port, shown(settings.upstream_url), shown(settings.anthropic_upstream_url),
-        shown(settings.gemini_upstream_url), loop_name(settings.event_loop))
+        "loopwarden listening on http://%s:%s, upstreams %s (OpenAI), %s (Anthropic), %s (Gemini), database %s, "
+        "on %s", settings.host, settings.port, shown_url(settings.upstream_url), shown_url(settings.anthropic_upstream_url),
+        shown_url(settings.gemini_upstream_url), describe(settings.database_url), loop_name(settings.event_loop))
     web.run_app(app, host=settings.host, port=settings.port, shutdown_timeout=settings.shutdown_grace,
                 loop=new_event_loop(settings.event_loop),
                 handler_cancellation=True, print=None, keepalive_timeout=CLIENT_IDLE_TIMEOUT,

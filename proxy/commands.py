@@ -25,13 +25,14 @@ class UsageProblem(ValueError):
     """A flag's value is wrong: exit 2."""
 
 
-async def run(args: argparse.Namespace, settings: Settings) -> str:
-    """Run a query command; returns what to print."""
+async def run(args: argparse.Namespace, settings: Settings, sources: dict[str, str] | None = None) -> str:
+    """Run a query command; returns what to print. `sources` says where each setting came from."""
     url = make_url(settings.database_url)
     if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:" \
             and not Path(url.database).exists():
-        raise DatabaseUnavailable(f"no database at {url.database}: start `loopwarden serve` or run "
-                                  f"`loopwarden migrate` first")
+        raise DatabaseUnavailable(
+            f"no database at {Path(url.database).resolve()} (from {_origin(sources)}): name the one the proxy "
+            f"writes with --database-url or LOOPWARDEN_DATABASE_URL, or run `loopwarden migrate` to create this one")
     engine = create_engine(settings.database_url)
     try:
         try:
@@ -44,11 +45,19 @@ async def run(args: argparse.Namespace, settings: Settings) -> str:
                                       f"run `loopwarden migrate`")
         try:
             since = queries.parse_since(getattr(args, "since", None))
+        except queries.QueryError as exc:
+            raise UsageProblem(f"--{exc}") from exc
+        try:
             return await _COMMANDS[args.command](engine, args, since)
         except queries.QueryError as exc:
             raise UsageProblem(str(exc)) from exc
     finally:
         await engine.dispose()
+
+
+def _origin(sources: dict[str, str] | None) -> str:
+    origin = (sources or {}).get("database_url", "default")
+    return "the default, relative to this directory" if origin == "default" else origin
 
 
 async def _detections(engine, args, since) -> str:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from proxy.policy import Policies, PolicyError, parse as parse_policies
 
@@ -23,6 +24,24 @@ PRESETS: dict[str, dict[str, Any]] = {
         "dynamic_thresholds": True,
     },
 }
+
+
+def shown_url(url: str | None) -> str | None:
+    """A URL as it may be shown (a start line, `config`, an error body, a log line): its password and the
+    values of its query (`?api-key=...`) masked, as both often hold a key."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" not in netloc and not parts.query:
+        return url.split("#")[0]
+    if "@" in netloc:
+        userinfo, _, host = netloc.rpartition("@")
+        user, has_password, _ = userinfo.partition(":")
+        netloc = f"{user}:***@{host}" if has_password else f"{user}@{host}"
+    query = "&".join(f"{pair.partition('=')[0]}=***" for pair in parts.query.split("&") if pair) \
+        if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 class ConfigError(ValueError):
@@ -83,6 +102,61 @@ class Settings:
 
 # The settings that have a flag, an environment variable and a file key.
 FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "policies"}
+
+# One line of help per setting (`loopwarden serve --help` adds its default and its variable).
+HELP = {
+    "upstream_url": "base URL of the real OpenAI-compatible endpoint",
+    "upstream_api_key": "replaces the client's Authorization on upstream requests",
+    "anthropic_upstream_url": "base URL for Anthropic-dialect requests (/v1/messages, anthropic-version)",
+    "anthropic_upstream_api_key": "replaces the client's x-api-key / Authorization on Anthropic requests",
+    "gemini_upstream_url": "root URL for Gemini-API requests (models/...:generateContent, x-goog-api-key)",
+    "gemini_upstream_api_key": "replaces the client's x-goog-api-key / key on Gemini requests",
+    "host": "address to listen on",
+    "port": "port to listen on",
+    "database_url": "the detection log: sqlite+aiosqlite:///PATH or postgresql+asyncpg://...",
+    "admin_token": "bearer token for /loopwarden/*; unset: loopback clients only",
+    "preset": "strict, default or lenient thresholds; explicit settings win",
+    "max_warnings": "warnings before the stop (0: stop at the first detection)",
+    "tool_call_threshold": "identical consecutive tool calls that make a loop",
+    "content_chunk_size": "characters per chunk when looking for chanting",
+    "content_loop_threshold": "repeats of a chunk that make chanting",
+    "dynamic_thresholds": "scale thresholds by conversation length",
+    "whitelisted_tools": "comma list of tools never counted as looping",
+    "llm_check": "ask a judge model whether a long task still progresses",
+    "llm_check_after_turns": "assistant turns in a task before the first judge call",
+    "judge_url": "where the judge runs (unset: the upstream)",
+    "judge_model": "the judge's model (unset: the request's model)",
+    "judge_api_key": "the judge's key (unset: the client's key)",
+    "judge_confirm_model": "a second model that must agree before a judge verdict counts",
+    "judge_timeout": "seconds a judge call may take",
+    "judge_concurrency": "judge calls in flight at once",
+    "warning_role": "role of the injected warning: system, developer or user",
+    "max_body_bytes": "larger request bodies get 413",
+    "cut_notice": "a cut stream's last text says why it stopped",
+    "mode": "enforce, or observe: detect and log, change nothing",
+    "webhook_url": "each stop (or each episode, see --webhook-events) is POSTed here",
+    "webhook_events": "stop, or all: warnings and cuts too",
+    "public_url": "the address operators reach the proxy at, for alert links",
+    "detection_retention_days": "delete detections older than this many days (unset: keep all)",
+    "response_retention_days": "forget kept Responses conversations older than this many days",
+    "upstream_connect_timeout": "seconds to connect to the upstream",
+    "upstream_read_timeout": "seconds the upstream may stay silent mid-answer",
+    "shutdown_grace": "seconds streams in flight get to finish on SIGTERM",
+    "log_buffer_size": "log records buffered while the database is slow or away",
+    "log_level": "debug, info, warning or error",
+    "event_loop": "auto (uvloop where installed), uvloop or asyncio",
+}
+
+
+def help_line(name: str) -> str:
+    """A setting's help: what it does, its default and its environment variable."""
+    default = FIELDS[name].default
+    if default is dataclasses.MISSING:
+        default = FIELDS[name].default_factory()  # type: ignore[misc]
+    if isinstance(default, frozenset):
+        default = ",".join(sorted(default)) or None
+    shown = "unset" if default is None else default
+    return f"{HELP[name]} (default: {shown}; env {ENV_PREFIX}{name.upper()})"
 MODES = ("enforce", "observe")
 _CHOICES = {"preset": tuple(PRESETS), "warning_role": WARNING_ROLES, "mode": MODES, "webhook_events": ("stop", "all"),
             "log_level": ("debug", "info", "warning", "error"), "event_loop": ("auto", "uvloop", "asyncio")}
@@ -91,6 +165,8 @@ _OPTIONAL_TEXT = frozenset(
      "judge_confirm_model", "webhook_url", "public_url"}
 )
 _OPTIONAL_NUMBERS = frozenset({"detection_retention_days"})  # unset by default
+# Days a timedelta (and the database's dates) can hold with room to spare: a century.
+_MAX_FLOAT = {"detection_retention_days": 36_500.0, "response_retention_days": 36_500.0}
 _MIN = {
     "port": 1,
     "max_warnings": 0,
@@ -129,9 +205,13 @@ def _convert(name: str, raw: Any) -> Any:
                 raise ValueError
             return value
         if kind is float:
-            value = float(raw)
-            if value <= 0:
+            if isinstance(raw, bool):
                 raise ValueError
+            value = float(raw)
+            highest = _MAX_FLOAT.get(name)
+            if not math.isfinite(value) or value <= 0 or (highest is not None and value > highest):
+                raise ConfigError(f"must be a number above 0{f' and at most {highest:g}' if highest else ''}, "
+                                  f"got {raw!r}")
             return value
         if kind is frozenset:
             items = raw if isinstance(raw, list) else str(raw).split(",")
@@ -221,11 +301,19 @@ def resolve(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] |
         origin.setdefault(name, f"preset {preset}")
     values = {**PRESETS[preset], **explicit}
     settings = Settings(**values, policies=policies)
-    _validate(settings)
+    _validate(settings, origin)
     return settings, {name: origin.get(name, "default") for name in FIELDS}
 
 
-def _validate(settings: Settings) -> None:
+DATABASE_FORMS = "sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER:PASSWORD@HOST/DB"
+_DATABASE_DRIVERS = ("sqlite+aiosqlite", "postgresql+asyncpg")
+
+
+def _validate(settings: Settings, origin: Mapping[str, str] | None = None) -> None:
+    """Checks across values, each error naming where the value came from (the flag, the variable, the file)."""
+    def named(name: str) -> str:
+        return (origin or {}).get(name) or _label(name)
+
     for name in ("upstream_url", "anthropic_upstream_url", "gemini_upstream_url", "judge_url", "webhook_url",
                  "public_url"):
         url = getattr(settings, name)
@@ -233,9 +321,10 @@ def _validate(settings: Settings) -> None:
             continue
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"{_label(name)} must be an http(s) URL, got {url!r}")
-    if "://" not in settings.database_url or not settings.database_url.startswith(("sqlite", "postgresql")):
-        raise ConfigError(
-            f"{_label('database_url')} must be a sqlite+aiosqlite:// or postgresql+asyncpg:// URL, "
-            f"got {settings.database_url!r}"
-        )
+            raise ConfigError(f"{named(name)} must be an http(s) URL, got {shown_url(url)!r}")
+    driver = settings.database_url.partition("://")[0].lower()
+    if "://" not in settings.database_url or driver not in _DATABASE_DRIVERS:
+        shown = shown_url(settings.database_url) if "://" in settings.database_url else settings.database_url
+        why = "names no async driver loopwarden has" if driver.split("+")[0] in ("sqlite", "postgresql", "postgres") \
+            else "is not a database URL loopwarden can use"
+        raise ConfigError(f"{named('database_url')}: {shown[:200]!r} {why}; use {DATABASE_FORMS}")

@@ -47,6 +47,7 @@ SIDE_SPLIT_HEADERS = frozenset({"X-Claude-Code-Session-Id"})
 CACHED_SESSIONS = 4096
 MODEL_POLICIES = 256  # models whose settings are kept resolved
 DEFAULT_COMPLETION_TOKENS = 4096
+MODEL_CHARS = 256  # a model's name as every cache, span and column holds it (no real one is longer)
 
 
 def client_key(headers: Mapping[str, str]) -> str:
@@ -200,6 +201,8 @@ class Inspector:
         session_id = session_of(headers, messages, tenant, chain, dialect.is_side_request(payload))
         answer_headers = {"X-Loopwarden-Session": session_id}
         model = dialect.model(payload, incoming.path)
+        if model is not None:
+            model = model[:MODEL_CHARS]  # before it keys the per-model settings, a span or the log
         key = (tenant, session_id)
         new_here = self._message_counts.get(key) is None
         self._message_counts.put(key, len(messages))

@@ -39,8 +39,17 @@ def test_presets_and_explicit_settings_win():
         ({}, {"LOOPWARDEN_MAX_WARNINGS": "-1"}, "LOOPWARDEN_MAX_WARNINGS: must be at least 0, got -1"),
         ({"warning_role": "assistant"}, {}, "--warning-role: must be one of system, developer, user"),
         ({}, {"LOOPWARDEN_DYNAMIC_THRESHOLDS": "maybe"}, "LOOPWARDEN_DYNAMIC_THRESHOLDS: invalid value"),
-        ({"upstream_url": "ftp://x"}, {}, "LOOPWARDEN_UPSTREAM_URL must be an http(s) URL"),
-        ({"database_url": "mysql://x"}, {}, "LOOPWARDEN_DATABASE_URL must be"),
+        ({"upstream_url": "ftp://x"}, {}, "--upstream must be an http(s) URL"),
+        ({}, {"LOOPWARDEN_UPSTREAM_URL": "ftp://x"}, "LOOPWARDEN_UPSTREAM_URL must be an http(s) URL"),
+        ({"database_url": "mysql://x"}, {}, "--database-url: 'mysql://x' is not a database URL loopwarden can use"),
+        ({"database_url": "sqlite:///x.db"}, {}, "--database-url: 'sqlite:///x.db' names no async driver loopwarden "
+                                                 "has; use sqlite+aiosqlite:///PATH or postgresql+asyncpg://"),
+        ({}, {"LOOPWARDEN_DATABASE_URL": "postgresql://u:secret@h/db"}, "LOOPWARDEN_DATABASE_URL: "
+                                                                         "'postgresql://u:***@h/db' names no async"),
+        ({"detection_retention_days": "nan"}, {}, "--detection-retention-days: must be a number above 0 and at most"),
+        ({"detection_retention_days": "inf"}, {}, "--detection-retention-days: must be a number above 0 and at most"),
+        ({}, {"LOOPWARDEN_DETECTION_RETENTION_DAYS": "1e9"}, "LOOPWARDEN_DETECTION_RETENTION_DAYS: must be a number"),
+        ({"judge_timeout": "nan"}, {}, "--judge-timeout: must be a number above 0"),
         ({"config": "/nonexistent/lw.toml"}, {}, "config file not found"),
     ],
 )

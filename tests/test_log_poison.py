@@ -10,12 +10,20 @@ from sqlalchemy import func, select
 
 from proxy.store.database import create_engine
 from proxy.store.models import DeadLetter, Detection, SessionRow
-from proxy.store.writer import LogWriter
+from proxy.store.writer import LogWriter, utcnow
 from tests.agent import Agent
 from tests.fake_upstream import Turn
 from tests.test_log_api import api, loop_until_stopped, wait_for
 
 SENTENCE = "I will look at the configuration file one more time now. "
+
+
+def detection(n: int, **overrides) -> dict:
+    """A detection row as the proxy queues it."""
+    return {"created_at": utcnow(), "session_id": f"s{n}", "tenant": "t1", "task": "task", "model": "gpt-test",
+            "type": "tool_call", "action": "warned", "episode": 1, "episode_limit": 2, "turn": 5,
+            "detail": {"tool": "read_file"}, "request_id": None, "tokens_saved_estimate": 0,
+            "episode_key": f"key-{n}", "recovered": False, "enforced": True, **overrides}
 
 
 async def test_poisoned_requests_leave_another_tenants_loop_logged(upstream, proxy_factory, database_url):
@@ -71,16 +79,14 @@ async def test_a_record_the_database_refuses_is_set_aside_and_the_rest_lands(dat
     writer = LogWriter(database_url, on_reject=lambda: rejected.append(1))
     writer.start()
 
-    def detection(number: int, detail: dict) -> dict:
-        from proxy.store.writer import utcnow
-        return {"created_at": utcnow(), "session_id": f"s{number}", "tenant": "t", "task": "k", "model": "m",
-                "type": "tool_call", "action": "warned", "episode": 1, "episode_limit": 2, "turn": 5,
-                "detail": detail, "request_id": None, "tokens_saved_estimate": 0, "enforced": True,
-                "episode_key": f"key-{number}"}
-
     for number in range(6):
         # one detail the database driver cannot write (not JSON): the whole batch used to be retried forever
-        writer.add_detection(detection(number, {"bad": {1, 2}} if number == 3 else {"tool": "ls"}))
+        values = detection(number, detail={"tool": "ls"})
+        if number == 3:  # a detail the driver cannot write (not JSON), past the cleaning that would mend it
+            writer._add({"table": Detection, "values": {**values, "detail": {"bad": {1, 2}}},
+                         "episode": ("t1", "s3", "task", 1)})
+        else:
+            writer.add_detection(values)
     await writer.flush()
     await writer.close()
     engine = create_engine(database_url)

@@ -52,6 +52,7 @@ class Telemetry:
     def request(span, payload: dict, dialect, raw_path: str) -> None:
         model = dialect.model(payload, raw_path)
         if model is not None:
+            model = model[:256]
             span.update_name(f"chat {model}")
             span.set_attribute("gen_ai.request.model", model)
         limit = dialect.max_output_tokens(payload)

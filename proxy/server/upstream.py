@@ -14,8 +14,8 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.config import Settings
-from proxy.wire.dialect import Dialect, shown
+from proxy.config import Settings, shown_url
+from proxy.wire.dialect import Dialect
 from proxy.wire.errors import error_body
 
 log = logging.getLogger("loopwarden.upstream")
@@ -102,7 +102,7 @@ async def open_upstream(session: aiohttp.ClientSession, method: str, url: URL, h
     try:
         response = await session.request(method, url, headers=headers, data=data, allow_redirects=False)
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        raise UpstreamFailure(504, "upstream_timeout", f"upstream did not answer in time ({shown(url)})") from exc
+        raise UpstreamFailure(504, "upstream_timeout", f"upstream did not answer in time ({shown_url(str(url))})") from exc
     except aiohttp.ClientConnectorError as exc:
         raise UpstreamFailure(502, "upstream_unreachable", f"upstream unreachable: {exc.os_error or exc}") from exc
     except aiohttp.ClientError as exc:

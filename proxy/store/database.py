@@ -34,6 +34,17 @@ def safe_url(database_url: str) -> str:
         return "<invalid database URL>"
 
 
+def describe(database_url: str) -> str:
+    """Where the log is, as a person looks for it: a SQLite file's absolute path, else the URL (no password)."""
+    try:
+        url = make_url(database_url)
+    except ArgumentError:
+        return "<invalid database URL>"
+    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
+        return f"SQLite {Path(url.database).resolve()}"
+    return safe_url(database_url)
+
+
 def sqlite_pragmas(engine: AsyncEngine) -> None:
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection, _record) -> None:

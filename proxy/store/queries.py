@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.detect.engine import Episode
 from proxy.detect.texts import cut_notice, stop_text, warning_text
-from proxy.store import rollup
+from proxy.store import clean, rollup
 from proxy.store.models import (CountBucket, Detection, JudgeCheckRow, OutcomeBucket, SessionCount, SessionRow,
                                 TaskOutcome)
 
@@ -28,23 +28,39 @@ class QueryError(ValueError):
     """A filter the user gave cannot be used; the message says which and why."""
 
 
+EARLIEST = datetime(1970, 1, 1)  # no detection is older; a `since` before it is a mistake
+MAX_ID = 2**63 - 1  # a cursor is a row id: a BIGINT
+
+
 def parse_since(value: str | None, now: datetime | None = None) -> datetime | None:
     """`1h`, `30m`, `7d` back from now, or an ISO time (local time when it has no zone) -> naive UTC."""
     if value is None or value == "":
         return None
     now = now or datetime.now(timezone.utc)
     match = _RELATIVE.match(value.strip())
-    if match:
-        moment = now - timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
-        return moment.astimezone(timezone.utc).replace(tzinfo=None)
+    expected = f"since: expected a duration like 1h, 30m, 7d or a time like 2026-11-01T00:00, got {value[:60]!r}"
     try:
-        moment = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise QueryError(f"--since: expected a duration like 1h, 30m, 7d or a time like 2026-11-01T00:00, "
-                         f"got {value!r}") from None
-    if moment.tzinfo is None:
-        moment = moment.astimezone()  # the user's local time
-    return moment.astimezone(timezone.utc).replace(tzinfo=None)
+        if match:
+            moment = now - timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+        else:
+            moment = datetime.fromisoformat(value.strip())
+            if moment.tzinfo is None:
+                moment = moment.astimezone()  # the user's local time
+        moment = moment.astimezone(timezone.utc).replace(tzinfo=None)
+    except (ValueError, OverflowError):  # not a time, or a duration or a time past what a date can hold
+        raise QueryError(expected) from None
+    if moment < EARLIEST:
+        raise QueryError(f"since: {value[:60]!r} is before 1970-01-01, older than any detection")
+    return moment
+
+
+def parse_cursor(cursor: str | None) -> int | None:
+    """A cursor as the API gave it (a row id), or a QueryError."""
+    if not cursor:
+        return None
+    if not cursor.isdigit() or len(cursor) > 19 or int(cursor) > MAX_ID:
+        raise QueryError(f"cursor is not one this API gave: {cursor[:40]!r}")
+    return int(cursor)
 
 
 def check_choice(name: str, value: str | None, choices: tuple[str, ...]) -> None:
@@ -82,8 +98,8 @@ class DetectionFilter:
         conditions = []
         if self.tenant is not None:
             conditions.append(Detection.tenant == self.tenant)
-        if self.session is not None:
-            conditions.append(Detection.session_id == self.session)
+        if self.session is not None:  # as stored: no NUL (PostgreSQL refuses one even in a query)
+            conditions.append(Detection.session_id == clean.column_text(Detection, "session_id", self.session))
         if self.type is not None:
             conditions.append(Detection.type == self.type)
         if self.action is not None:
@@ -101,10 +117,9 @@ async def list_detections(engine: AsyncEngine, where: DetectionFilter, limit: in
     if limit < 1 or limit > MAX_LIMIT:
         raise QueryError(f"limit must be between 1 and {MAX_LIMIT}, got {limit}")
     conditions = where.conditions()
-    if cursor:
-        if not cursor.isdigit():
-            raise QueryError(f"cursor is not one this API gave: {cursor!r}")
-        conditions.append(Detection.id < int(cursor))
+    after = parse_cursor(cursor)
+    if after is not None:
+        conditions.append(Detection.id < after)
     statement = select(Detection).where(and_(True, *conditions)).order_by(Detection.id.desc()).limit(limit + 1)
     async with engine.connect() as connection:
         rows = (await connection.execute(statement)).all()
@@ -314,6 +329,7 @@ def shown(row: Any) -> str:
 
 async def session_timeline(engine: AsyncEngine, session_id: str, tenant: str | None = None) -> list[dict]:
     """Every tenant's session of that id (one, for a tenant), with detections and judge checks in order."""
+    session_id = clean.column_text(SessionRow, "session_id", session_id)
     conditions = [SessionRow.session_id == session_id]
     if tenant is not None:
         conditions.append(SessionRow.tenant == tenant)

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from proxy.conversation import Chain, Message, from_record, to_record
 from proxy.detect.judge_policy import JudgeCheck
 from proxy.lru import LRU
-from proxy.store import rollup
+from proxy.store import clean, rollup
 from proxy.store.database import create_engine, ping
 from proxy.store.models import Detection, JudgeCheckRow, ResponseRow, SessionRow
 from proxy.store.writer import LogWriter, utcnow
@@ -261,6 +261,7 @@ class Store:
                            reset: bool = False, known_counts: dict | None = None) -> list[dict]:
         """Disable/enable or reset a session (every tenant's, when tenant is None). Returns what changed."""
         await self.writer.flush()  # sessions this replica saw but has not written yet
+        session_id = clean.column_text(SessionRow, "session_id", session_id)
         now = utcnow()
         conditions = [SessionRow.session_id == session_id]
         if tenant is not None:

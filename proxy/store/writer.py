@@ -13,11 +13,11 @@ from datetime import datetime, timezone
 from typing import Callable
 
 import orjson
-from sqlalchemy import BigInteger, Integer, String, bindparam, func, insert, update
+from sqlalchemy import bindparam, func, insert, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
 
-from proxy.store import rollup
+from proxy.store import clean, rollup
 from proxy.store.database import create_engine, dialect_insert, ping
 from proxy.store.models import DeadLetter, Detection, JudgeCheckRow, ResponseRow, SessionRow
 
@@ -40,50 +40,6 @@ def _refused_data(exc: Exception) -> bool:
     if isinstance(exc, (DataError, IntegrityError)):
         return True
     return isinstance(exc, StatementError) and not isinstance(exc, DBAPIError)  # refused before it was sent
-
-
-_INT_RANGES = {Integer: (-2**31, 2**31 - 1), BigInteger: (-2**63, 2**63 - 1)}
-
-
-def _limits(table) -> dict[str, tuple]:
-    """Per column of a table: ("text", length) or ("int", lowest, highest), what the column can hold."""
-    limits: dict[str, tuple] = {}
-    for column in table.__table__.columns:
-        kind = type(column.type)
-        if isinstance(column.type, String) and column.type.length:
-            limits[column.name] = ("text", column.type.length)
-        elif kind in _INT_RANGES or isinstance(column.type, Integer):
-            limits[column.name] = ("int", *_INT_RANGES.get(kind, _INT_RANGES[Integer]))
-    return limits
-
-
-_LIMITS: dict = {}
-
-
-def _clean_text(value, length: int):
-    """Text as a column holds it: no NUL (PostgreSQL refuses it), at most `length` characters."""
-    if not isinstance(value, str):
-        return value
-    if "\x00" in value:
-        value = value.replace("\x00", "")
-    return value[:length]
-
-
-def _clean(table, values: dict) -> dict:
-    """A record's values clipped to what its columns hold, before it is queued: a value from a client (a model
-    name, an id, a token count) can never make the database refuse a batch."""
-    limits = _LIMITS.get(table)
-    if limits is None:
-        limits = _LIMITS[table] = _limits(table)
-    for name, value in values.items():
-        limit = limits.get(name)
-        if limit is None or value is None:
-            continue
-        if limit[0] == "text":
-            values[name] = _clean_text(value, limit[1])
-        elif isinstance(value, int) and not isinstance(value, bool):
-            values[name] = min(max(value, limit[1]), limit[2])
-    return values
 
 
 @dataclass
@@ -167,16 +123,16 @@ class LogWriter:
     # -- the request path: synchronous, O(1), never raises ------------------------------------------------
 
     def add_detection(self, values: dict) -> None:
-        _clean(Detection, values)
+        clean.row(Detection, values)
         values.setdefault("recovered", False)  # every row of a batch has the same keys
         episode = (values["tenant"], values["session_id"], values["task"], values["episode"])
         self._add({"table": Detection, "values": values, "episode": episode})
 
     def add_judge_check(self, values: dict) -> None:
-        self._add({"table": JudgeCheckRow, "values": _clean(JudgeCheckRow, values)})
+        self._add({"table": JudgeCheckRow, "values": clean.row(JudgeCheckRow, values)})
 
     def add_response(self, values: dict) -> None:
-        self._add({"table": ResponseRow, "values": _clean(ResponseRow, values)})
+        self._add({"table": ResponseRow, "values": clean.row(ResponseRow, values)})
 
     def add_recovery(self, values: dict) -> None:
         """Mark a task's episode as answered by a model that moved on (b_tenant, b_session_id, b_task,
@@ -193,10 +149,10 @@ class LogWriter:
         self._add({"table": "recovered", "values": values})
 
     def session_seen(self, seen: SessionSeen) -> None:
-        seen.model = _clean_text(seen.model, 256)
-        seen.session_id = _clean_text(seen.session_id, 256)
-        seen.agent = _clean_text(seen.agent, 128)
-        seen.title = _clean_text(seen.title, 120)
+        seen.model = clean.column_text(SessionRow, "model", seen.model)
+        seen.session_id = clean.column_text(SessionRow, "session_id", seen.session_id)
+        seen.agent = clean.column_text(SessionRow, "agent", seen.agent)
+        seen.title = clean.column_text(SessionRow, "title", seen.title)
         key = (seen.tenant, seen.session_id)
         with self._lock:
             previous = self._sessions.get(key)

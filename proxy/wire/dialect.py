@@ -117,15 +117,5 @@ def join_url(base: str, raw_path: str, raw_query: str) -> URL:
     return URL(root + raw_path + (f"?{query}" if query else ""), encoded=True)
 
 
-def shown(url: str | URL) -> str:
-    """A URL as it may be shown (errors, logs, the start line): no password, no query (keys travel there)."""
-    parsed = URL(str(url))
-    if parsed.password is not None:
-        parsed = parsed.with_password("***")
-    if parsed.query_string:
-        parsed = parsed.with_query("…")
-    return str(parsed)
-
-
 def positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
