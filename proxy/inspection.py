@@ -241,7 +241,10 @@ class Inspector:
         inserted = [] if observe else [(e.place, settings.warning_role, warning_text(e)) for e in warnings
                                        if e.place >= conversation.own_start]
         if inserted:
-            body = orjson.dumps(dialect.with_warnings(payload, conversation, inserted))
+            try:
+                body = orjson.dumps(dialect.with_warnings(payload, conversation, inserted))
+            except orjson.JSONEncodeError as exc:  # nested past what is written here (255 levels)
+                raise RequestError(f"the request cannot carry loopwarden's warning: {exc}") from None
         if observe and (stop is not None or warnings):
             answer_headers["X-Loopwarden-Observed"] = f"stop {stop.type}" if stop is not None else \
                 f"{warnings[-1].number}/{warnings[-1].limit} {warnings[-1].type}"

@@ -117,8 +117,11 @@ def canonical_arguments(arguments: object) -> str:
         value = arguments
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-    except TypeError:
-        return str(value)
+    except TypeError:  # a number past 64 bits, or nested past orjson's depth (255)
+        try:
+            return str(value)
+        except RecursionError:  # nested past Python's own depth: compared as sent
+            return arguments.strip() if isinstance(arguments, str) else "<arguments nested too deep to compare>"
 
 
 def _failed_object(value: object) -> bool:
