@@ -98,6 +98,7 @@ def _summary(item: dict) -> str:
 
 async def _stats(engine, args, since) -> str:
     result = await queries.stats(engine, since)
+    result["complete"] = await queries.counts_complete(engine)
     if args.format == "json":
         return _json(result)
     rate = result["recovery_rate"]
@@ -115,6 +116,8 @@ async def _stats(engine, args, since) -> str:
         f"tokens saved (estimate)    {result['tokens_saved_estimate']}",
         f"judge checks / tokens      {result['judge_checks']} / {result['judge_tokens']}",
     ]
+    if not result["complete"]:
+        lines.insert(0, "(the counts are being rebuilt from the log: these figures are not whole yet)")
     observed = result["observed"]
     if observed["detections"]:
         lines += [f"observed (not enforced)    {observed['detections']} detections: would have warned "

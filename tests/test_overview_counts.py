@@ -276,3 +276,48 @@ async def test_retention_takes_pruned_rows_out_of_the_counts(database_url):
     await assert_counts_equal_a_rebuild(engine)
     await store.close()
     await engine.dispose()
+
+
+async def test_figures_say_they_are_not_whole_until_a_restart_rebuilds_the_counts(upstream, proxy_factory,
+                                                                                  database_url, monkeypatch, capsys):
+    """Detections written beside the counts (a restore, an older replica): stats and the timeline say
+    `complete: false` (the API and the CLI), never partial figures as if whole; a replica started on that
+    log rebuilds the counts at once, then the figures are whole and right."""
+    from proxy.cli import main
+    from proxy.store import store as store_module
+
+    monkeypatch.setattr(store_module, "CHECK_COUNTS_EVERY", 3600.0)  # only at start, here
+    monkeypatch.setattr(store_module, "COMPLETE_FOR", 0.0)
+    import aiohttp
+
+    first = await proxy_factory(upstream.url, database_url=database_url)
+    engine = create_engine(database_url)
+    now = utcnow()
+    written = 5_000
+    async with engine.begin() as connection:
+        await connection.execute(insert(Detection), [
+            {**detection(n, created_at=now - timedelta(seconds=n)), "recovered": False, "enforced": True}
+            for n in range(written)])
+
+    async def overview(proxy) -> tuple[dict, dict]:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{proxy.root}/loopwarden/api/stats") as response:
+                stats = await response.json()
+            async with http.get(f"{proxy.root}/loopwarden/api/timeline", params={"since": "1d"}) as response:
+                return stats, await response.json()
+
+    stats, timeline = await overview(first)
+    assert (stats["complete"], timeline["complete"], stats["detections"]) == (False, False, 0)
+    assert await asyncio.to_thread(main, ["stats", "--database-url", database_url, "--format", "json"]) == 0
+    assert '"complete": false' in capsys.readouterr().out
+    second = await proxy_factory(upstream.url, database_url=database_url)  # a restart: counts rebuilt at start
+    for _ in range(200):
+        stats, timeline = await overview(second)
+        if stats["complete"]:
+            break
+        await asyncio.sleep(0.05)
+    assert stats["complete"] and timeline["complete"] and stats["detections"] == written
+    assert sum(sum(series) for series in timeline["series"].values()) == written
+    stats, _ = await overview(first)  # every replica agrees
+    assert stats["complete"] and stats["detections"] == written
+    await engine.dispose()

@@ -109,12 +109,13 @@ def routes(guard: Guard, admin_token: str | None) -> list[web.RouteDef]:
         return web.json_response({"data": items, "next_cursor": cursor})
 
     async def timeline(request: web.Request, tenant: str | None) -> web.Response:
-        return web.json_response(await queries.timeline(store.engine, _filter(request, tenant),
-                                                        _int(request, "buckets", 48)))
+        found = await queries.timeline(store.engine, _filter(request, tenant), _int(request, "buckets", 48))
+        return web.json_response({**found, "complete": await store.counts_complete()})
 
     async def stats(request: web.Request, tenant: str | None) -> web.Response:
-        return web.json_response(await queries.stats(store.engine, queries.parse_since(request.query.get("since")),
-                                                     tenant))
+        found = await queries.stats(store.engine, queries.parse_since(request.query.get("since")), tenant)
+        # Figures from counts being rebuilt are not shown as if whole.
+        return web.json_response({**found, "complete": await store.counts_complete()})
 
     async def sessions(request: web.Request, tenant: str | None) -> web.Response:
         items = await queries.list_sessions(store.engine, queries.parse_since(request.query.get("since")), tenant,

@@ -128,6 +128,13 @@ async def list_detections(engine: AsyncEngine, where: DetectionFilter, limit: in
     return items, next_cursor
 
 
+async def counts_complete(engine: AsyncEngine) -> bool:
+    """Whether the counts behind stats and the timeline hold every detection (False while they are rebuilt)."""
+    async with engine.connect() as connection:
+        rows, counted = await rollup.consistent(connection)
+    return rows == counted
+
+
 def _sources(since: datetime | None, coarsest: int = rollup.HOUR) -> tuple[list[list], tuple | None]:
     """Where a period's detections are counted: conditions on count_buckets, from the coarsest span allowed
     down (the period's whole hours, then the five-minute buckets before its first hour, then the minutes

@@ -27,7 +27,9 @@ from proxy.store.writer import LogWriter, utcnow
 
 log = logging.getLogger("loopwarden.store")
 POLL_EVERY = 1.0
-PRUNE_EVERY = 600.0  # seconds between checks of the overview's counts and deletions past retention
+PRUNE_EVERY = 600.0  # seconds between deletions past retention
+CHECK_COUNTS_EVERY = 30.0  # seconds between checks that the overview's counts match the log (and at start)
+COMPLETE_FOR = 5.0  # seconds a check that the counts are whole answers `complete` for the API
 PRUNE_BATCH = 1000  # detections deleted per transaction: the writer never waits long behind a deletion
 CACHED_RESPONSES = 20_000  # responses kept in memory for chained requests (each bounded, see below)
 JUDGED_SESSIONS = 20_000  # sessions whose judge checks are kept in memory, least recently judged out
@@ -72,6 +74,9 @@ class Store:
         self._responses = LRU(CACHED_RESPONSES)  # (tenant, response id) -> StoredResponse
         self._latest = LRU(CACHED_RESPONSES)  # (tenant, conversation) -> its latest response
         self._tenants: set[str] = set()  # key hashes that have sessions (one entry per client key)
+        self._maintainer: asyncio.Task | None = None
+        self._rebuilding = False
+        self._complete: tuple[float, bool] | None = None  # (when checked, whether the counts were whole)
 
     async def start(self) -> None:
         try:
@@ -79,15 +84,18 @@ class Store:
         except Exception as exc:  # the proxy serves without the database; the poll catches up
             log.warning("database not reachable at start, serving anyway: %s", str(exc).splitlines()[0])
         self.writer.start()
-        self._poller = asyncio.get_running_loop().create_task(self._poll(), name="loopwarden-controls-poll")
+        loop = asyncio.get_running_loop()
+        self._poller = loop.create_task(self._poll(), name="loopwarden-controls-poll")
+        self._maintainer = loop.create_task(self._maintain(), name="loopwarden-log-maintenance")
 
     async def close(self, timeout: float = 5.0) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            try:
-                await self._poller
-            except asyncio.CancelledError:
-                pass
+        for task in (self._poller, self._maintainer):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         await self.writer.close(timeout)
         await self.engine.dispose()
 
@@ -239,14 +247,33 @@ class Store:
             await asyncio.sleep(0.05)  # the writer and the API get the database between batches
 
     async def check_counts(self) -> bool:
-        """Rebuild the overview's counts when they do not match the detections. True when rebuilt."""
+        """Rebuild the overview's counts when they do not match the detections. True when rebuilt. While it
+        rebuilds, what is reported from the counts says it is not complete."""
         async with self.engine.connect() as connection:
             rows, counted = await rollup.consistent(connection)
+        self._complete = (asyncio.get_running_loop().time(), rows == counted)
         if rows == counted:
             return False
         log.warning("overview counts hold %d of %d detections: rebuilding them from the log", counted, rows)
-        async with self.engine.begin() as connection:
-            return await rollup.rebuild(connection, self.engine.dialect.name)
+        self._rebuilding = True
+        try:
+            async with self.engine.begin() as connection:
+                return await rollup.rebuild(connection, self.engine.dialect.name)
+        finally:
+            self._rebuilding = False
+            self._complete = None
+
+    async def counts_complete(self) -> bool:
+        """Whether the overview's counts hold every detection now (checked at most every COMPLETE_FOR seconds;
+        False while this replica rebuilds them, or while they do not match the log)."""
+        if self._rebuilding:
+            return False
+        now = asyncio.get_running_loop().time()
+        if self._complete is None or now - self._complete[0] >= COMPLETE_FOR:
+            async with self.engine.connect() as connection:
+                rows, counted = await rollup.consistent(connection)
+            self._complete = (now, rows == counted)
+        return self._complete[1] and not self._rebuilding
 
     async def prune_responses(self) -> int:
         """Forget responses past their retention."""
@@ -290,19 +317,29 @@ class Store:
     # -- keeping the memory fresh -----------------------------------------------------------------------------
 
     async def _poll(self) -> None:
-        loop = asyncio.get_running_loop()
-        maintained_at = float("-inf")
         while True:
             await asyncio.sleep(POLL_EVERY)
             try:
                 await self.refresh()
-                if loop.time() - maintained_at >= PRUNE_EVERY:
-                    maintained_at = loop.time()
-                    await self.check_counts()
+            except Exception as exc:
+                log.debug("controls poll failed: %s", exc)
+
+    async def _maintain(self) -> None:
+        """The overview's counts checked at start and every CHECK_COUNTS_EVERY seconds (rebuilt when they do not
+        match the log); deletions past retention every PRUNE_EVERY. Apart from the controls' poll, which a
+        rebuild of a large log (tens of seconds) must not hold up."""
+        loop = asyncio.get_running_loop()
+        pruned_at = float("-inf")
+        while True:
+            try:
+                await self.check_counts()
+                if loop.time() - pruned_at >= PRUNE_EVERY:
+                    pruned_at = loop.time()
                     await self.prune_responses()
                     await self.prune_detections()
             except Exception as exc:
-                log.debug("controls poll failed: %s", exc)
+                log.debug("log maintenance failed: %s", exc)
+            await asyncio.sleep(CHECK_COUNTS_EVERY)
 
     async def refresh(self) -> None:
         async with self.engine.connect() as connection:

@@ -97,7 +97,11 @@ async function loadOverview() {
     api(`/loopwarden/api/detections?${query({ limit: 50 })}`),
   ]);
   const rate = stats.recovery_rate === null ? "–" : `${Math.round(stats.recovery_rate * 100)}%`;
+  const recounting = stats.complete === false || series.complete === false
+    ? [el("div", { class: "card notice" }, "The figures are being recounted from the log: they are not whole yet.")]
+    : [];
   $("cards").replaceChildren(
+    ...recounting,
     card("detections", stats.detections, TYPES.map((t) => `${t} ${stats.by_type[t]}`).join(" · ")),
     card("actions", `${stats.by_action.warned} / ${stats.by_action.stopped} / ${stats.by_action.cut}`,
          "warned / stopped / cut"),
