@@ -173,6 +173,11 @@ class Store:
     async def chain(self, tenant: str, previous_id: str | None, conversation_id: str | None) -> Chain:
         """The conversation a request continues, oldest first: from memory, else from the database (another
         replica's responses, or this one's before a restart). What cannot be found is left out."""
+        # Looked up as they were stored: cut and cleaned to their columns. The conversation keeps its name
+        # as sent (cut to a session id's length): it names the session.
+        given = None if conversation_id is None else conversation_id[:256]
+        previous_id = clean.column_text(ResponseRow, "previous_id", previous_id)
+        conversation_id = clean.column_text(ResponseRow, "conversation_id", conversation_id)
         try:
             start = previous_id
             if start is None and conversation_id:
@@ -192,10 +197,10 @@ class Store:
         except Exception as exc:  # the database is down: analyse what this replica has
             log.warning("could not read the conversation before response %s: %s", previous_id or conversation_id,
                         str(exc).splitlines()[0])
-            return Chain([], previous_id, None, conversation_id)
+            return Chain([], previous_id, None, given)
         messages = [from_record(message) for stored in reversed(found) for message in stored.messages]
         session_id = found[-1].session_id if found else None
-        return Chain(messages, start, session_id, conversation_id)
+        return Chain(messages, start, session_id, given)
 
     async def _latest_in(self, tenant: str, conversation_id: str) -> str | None:
         async with self.engine.connect() as connection:
