@@ -236,7 +236,7 @@ async def test_a_body_that_stops_arriving_is_answered_408(upstream, proxy_factor
         if await event_loop_tasks(running) <= before:
             break
         await asyncio.sleep(0.02)
-    assert await event_loop_tasks(running) == before
+    assert await event_loop_tasks(running) <= before  # none left behind (a background check may have ended)
 
 
 async def test_upstream_api_key_replaces_client_authorization(upstream, proxy_factory):
@@ -401,7 +401,7 @@ async def test_clients_that_leave_leave_no_task_behind(upstream, proxy):
         if await event_loop_tasks(proxy) <= before:
             break
         await asyncio.sleep(0.02)
-    assert await event_loop_tasks(proxy) == before
+    assert await event_loop_tasks(proxy) <= before  # none left behind (a background check may have ended)
 
 
 async def test_unknown_route_is_openai_shaped_404(proxy):
