@@ -117,7 +117,7 @@ async def writer_health(proxy, upstream) -> dict[str, object]:
     from sqlalchemy import func, select
 
     from proxy.server.app import GUARD, METRICS
-    from proxy.store.models import Detection, LogReject
+    from proxy.store.models import DeadLetter, Detection
 
     app = proxy.runner.app
     store = app[GUARD].store
@@ -140,13 +140,14 @@ async def writer_health(proxy, upstream) -> dict[str, object]:
                  if sample.name.endswith("_total"))
     async with store.engine.connect() as connection:
         rows = (await connection.execute(select(func.count()).select_from(Detection))).scalar()
-        rejects = (await connection.execute(select(func.count()).select_from(LogReject))).scalar()
+        rejects = (await connection.execute(select(func.count()).select_from(DeadLetter))).scalar()
         after = (await connection.execute(select(func.count()).select_from(Detection).where(
             Detection.session_id == "after-the-run"))).scalar()
-    state = store.health()
-    return {"database": store.engine.dialect.name, "writer": state["writer"],
-            "last error": state["last_error"] or "-", "records pending": state["pending"],
-            "records dropped": state["dropped"], "records set aside (log_rejects rows)": f"{state['set_aside']} ({rejects})",
+    writer = store.writer
+    return {"database": store.engine.dialect.name,
+            "writer": f"failing for {writer.failing_for():.0f} s" if writer.failing_for() else "writing",
+            "records pending": writer.pending, "records dropped": writer.dropped,
+            "records set aside (dead_letters rows)": f"{writer.rejected} ({rejects})",
             "detections logged by the run (metric)": int(logged), "detections in the table": rows,
             "another client's loop after the run logged": "yes" if after else "NO"}
 

@@ -195,7 +195,6 @@ def _table(columns: list[str], rows: list[dict], empty: str) -> str:
     return "\n".join(lines)
 
 
-
 _SECRETS = ("upstream_api_key", "anthropic_upstream_api_key", "gemini_upstream_api_key", "judge_api_key",
             "admin_token")
 

@@ -14,6 +14,7 @@ import pytest
 from tests.agent import Agent
 from tests.fake_upstream import Turn
 from tests.test_judge import ask, judged, verdict
+from tests.test_log_api import wait_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 XSS_SESSION = '<img src=x onerror="window.__pwned=1">'
@@ -204,6 +205,13 @@ async def test_an_alerts_link_opens_the_sessions_timeline(upstream, proxy, brows
         await looping.turn()
         looping.answer("def main():\n    return 1\n")
     await looping.close()
+
+    async def warned_in_the_log():  # as when an alert is sent: the episode is in the log
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{proxy.root}/loopwarden/api/detections?session=night%20run%2F7") as answer:
+                return (await answer.json())["data"] or None
+
+    await wait_for(warned_in_the_log)
     page = await browser.new_page(viewport={"width": 1280, "height": 900})
     watched = Watched(page, proxy.root)
     await page.goto(f"{proxy.root}/loopwarden/#open=night%20run%2F7")  # as the alert's `url` gives it

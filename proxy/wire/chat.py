@@ -14,11 +14,11 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.conversation import ASSISTANT, Conversation, LazyMessages, Message, ToolCall, from_record, insert_placed
-from proxy.wire.dialect import RequestError, join_url, positive_int, sse
+from proxy.wire.dialect import DialectDefaults, RequestError, join_url, positive_int, sse
 from proxy.wire.errors import error_body, sse_error_event
 
 
-class OpenAIDialect:
+class OpenAIDialect(DialectDefaults):
     """What the OpenAI dialects share: the upstream, its bearer key, the error shape."""
 
     provider = "openai"
@@ -43,27 +43,6 @@ class OpenAIDialect:
 
     error_body = staticmethod(error_body)
     stream_error = staticmethod(sse_error_event)
-
-    @staticmethod
-    def model(payload: dict, raw_path: str) -> str | None:
-        model = payload.get("model")
-        return model if isinstance(model, str) else None
-
-    @staticmethod
-    def chain_ids(payload: dict) -> tuple[str | None, str | None]:
-        return None, None
-
-    @staticmethod
-    def keeps_answer(payload: dict) -> bool:
-        return False
-
-    @staticmethod
-    def is_side_request(payload: dict) -> bool:
-        return False
-
-    @staticmethod
-    def forwardable(payload: dict) -> dict | None:
-        return None
 
 
 OPEN_THINK, CLOSE_THINK = "<think>", "</think>"

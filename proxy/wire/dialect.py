@@ -101,6 +101,32 @@ class Dialect(Protocol):
         """An agent's side request (a title, a check of its own): a conversation of its own."""
 
 
+class DialectDefaults:
+    """The answers most dialects give: the model named in the body, no conversation kept by the service, no
+    side requests, the request forwarded as it came. A dialect overrides what it does otherwise."""
+
+    @staticmethod
+    def model(payload: dict, raw_path: str) -> str | None:
+        model = payload.get("model")
+        return model if isinstance(model, str) else None
+
+    @staticmethod
+    def chain_ids(payload: dict) -> tuple[str | None, str | None]:
+        return None, None
+
+    @staticmethod
+    def keeps_answer(payload: dict) -> bool:
+        return False
+
+    @staticmethod
+    def is_side_request(payload: dict) -> bool:
+        return False
+
+    @staticmethod
+    def forwardable(payload: dict) -> dict | None:
+        return None
+
+
 def sse(data: dict, event: str | None = None) -> bytes:
     """One server-sent event."""
     head = f"event: {event}\n".encode() if event else b""

@@ -22,7 +22,7 @@ from yarl import URL
 
 from proxy.conversation import ASSISTANT, SYSTEM, TOOL, USER, Anchor, Conversation, Message, Messages, ToolCall, \
     arguments_text, insert_placed
-from proxy.wire.dialect import RequestError, join_url, positive_int, sse
+from proxy.wire.dialect import DialectDefaults, RequestError, join_url, positive_int, sse
 
 # The methods whose conversations are watched; the rest (`countTokens`, `embedContent`, ...) are relayed.
 INSPECTED_METHODS = ("generateContent", "streamGenerateContent")
@@ -127,7 +127,7 @@ def _status(type_: str) -> str:
     return _STATUS.get(type_, "INTERNAL")
 
 
-class GeminiDialect:
+class GeminiDialect(DialectDefaults):
     name = "gemini"
     provider = "gcp.gemini"
 
@@ -198,10 +198,6 @@ class GeminiDialect:
         return ""
 
     @staticmethod
-    def forwardable(payload: dict) -> dict | None:
-        return None
-
-    @staticmethod
     def stream() -> "GeminiStream":
         return GeminiStream()
 
@@ -226,14 +222,6 @@ class GeminiDialect:
         """The model is named in the path only: `…/models/{model}:{method}`."""
         model = unquote(raw_path.rpartition("/models/")[2].partition(":")[0])
         return model or None
-
-    @staticmethod
-    def chain_ids(payload: dict) -> tuple[str | None, str | None]:
-        return None, None
-
-    @staticmethod
-    def keeps_answer(payload: dict) -> bool:
-        return False
 
     @staticmethod
     def is_side_request(payload: dict) -> bool:

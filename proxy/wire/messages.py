@@ -23,7 +23,7 @@ from yarl import URL
 
 from proxy.conversation import ASSISTANT, CUT_NOTICE_PREFIX, SYSTEM, TOOL, USER, Anchor, Conversation, Message, \
     Messages, ToolCall, arguments_text, insert_placed
-from proxy.wire.dialect import RequestError, join_url, positive_int, sse
+from proxy.wire.dialect import DialectDefaults, RequestError, join_url, positive_int, sse
 
 _ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})
 # Text a user message carries that an agent wrote, not a person: it never starts a task.
@@ -110,7 +110,7 @@ def anthropic_root(url: str) -> str:
     return str(URL(url)).rstrip("/").removesuffix("/v1")
 
 
-class MessagesDialect:
+class MessagesDialect(DialectDefaults):
     name = "messages"
     provider = "anthropic"
 
@@ -220,19 +220,6 @@ class MessagesDialect:
     @staticmethod
     def max_output_tokens(payload: dict) -> int | None:
         return positive_int(payload.get("max_tokens"))
-
-    @staticmethod
-    def model(payload: dict, raw_path: str) -> str | None:
-        model = payload.get("model")
-        return model if isinstance(model, str) else None
-
-    @staticmethod
-    def chain_ids(payload: dict) -> tuple[str | None, str | None]:
-        return None, None
-
-    @staticmethod
-    def keeps_answer(payload: dict) -> bool:
-        return False
 
     @staticmethod
     def is_side_request(payload: dict) -> bool:
