@@ -51,14 +51,27 @@ def _chunk(i: int, chant: bool = False, reasoning: str | None = None) -> bytes:
 async def upstream_chat(request: web.Request) -> web.StreamResponse:
     body = await request.read()
     if b'"stream":true' not in body.replace(b" ", b""):
+        answer_mb = int(request.headers.get("X-Bench-Answer-MB", "0"))  # an answer this large, in one piece
+        if answer_mb:
+            text = "".join(f"{i:08d} " for i in range(answer_mb * 1024 * 1024 // 9))
+            return web.Response(body=orjson.dumps({"id": "chatcmpl-big", "object": "chat.completion", "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]}),
+                content_type="application/json")
         return web.Response(body=_completion(), content_type="application/json")
     pace = float(request.headers.get("X-Bench-Pace-Ms", "0")) / 1000  # seconds between chunks
     chant = "X-Bench-Chant" in request.headers  # the same sentence in every chunk: a stream to be cut
     reasoning = request.headers.get("X-Bench-Reasoning")  # reasoning deltas in the stream, or the same size without
+    endless = int(request.headers.get("X-Bench-Endless-MB", "0"))  # one `data:` line this long, then the end
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     STREAMING[0] += 1
     try:
+        if endless:
+            await response.write(b"data: ")
+            piece = b"x" * 65536
+            for _ in range(endless * 16):
+                await response.write(piece)
+            await response.write(b"\n\n")
         for i in range(STREAM_CHUNKS):
             if pace:
                 await asyncio.sleep(pace)

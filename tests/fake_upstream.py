@@ -34,6 +34,7 @@ class Turn:
     chunk_chars: int = 4  # characters of content per delta
     delay: float = 0.0  # seconds between chunks
     drop_after: int | None = None  # close the connection after this many chunks
+    drop_mid_line: bool = False  # with drop_after: send half of the next chunk first (a line broken off)
     hang: bool = False  # never answer
     latency: float = 0.0  # seconds before answering
     reject_response_format: tuple[str, ...] = ()  # answer 400 to these response_format types
@@ -233,6 +234,8 @@ class FakeUpstream:
         try:
             for number, chunk in enumerate(chunks):
                 if turn.drop_after is not None and number >= turn.drop_after:
+                    if turn.drop_mid_line:
+                        await response.write(chunk[:len(chunk) // 2])
                     request.transport.close()  # type: ignore[union-attr]
                     return response
                 if turn.delay:

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from proxy.conversation import Message, ToolCall
 from proxy.wire.chat import ChatStream
-from proxy.wire.sse import SSEEvent, SSEParser
+from proxy.wire.sse import MAX_EVENT_BYTES, SSEEvent, SSEParser, WholeEvents
 
 STREAM = (
     b": keep-alive\n\n"
@@ -152,17 +152,61 @@ def test_named_events_read_whole_or_split_alike(events, cuts):
 
 
 def test_an_event_past_the_size_limit_is_skipped_and_the_next_one_read():
-    from proxy.wire.sse import MAX_EVENT_BYTES
+
 
     parser = SSEParser()
     endless = b"data: " + b"x" * (MAX_EVENT_BYTES + 10)  # one line with no end, in reads of 64 KiB
     events = []
     for start in range(0, len(endless), 65536):
         events += parser.feed(endless[start:start + 65536])
-    assert events == []
+    assert events == [] and parser._pieces == [] and parser._rest == b""  # nothing of it is kept past the cap
     tail = b"\n\ndata: {\"after\": 1}\n\n"
     (event,) = parser.feed(tail)
     assert event.data == b'{"after": 1}' and event.end == len(tail)
     many_lines = b"".join(b"data: " + b"y" * 1000 + b"\n" for _ in range(MAX_EVENT_BYTES // 1000 + 2))
     assert parser.feed(many_lines + b"\n") == []  # an event of many lines, too large in all
     assert [e.data for e in parser.feed(b"data: ok\n\n")] == [b"ok"]
+
+
+ERROR_EVENT = b'data: {"error": {"message": "upstream failed"}}\n\n'
+
+
+@given(
+    st.lists(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=40), min_size=1, max_size=8),
+    st.sampled_from([b"\n", b"\r\n", b"\r"]),
+    st.lists(st.integers(min_value=0, max_value=2000), max_size=20),
+    st.integers(min_value=0, max_value=2000),
+)
+@settings(max_examples=300)
+def test_a_stream_broken_off_anywhere_gives_the_client_whole_events_then_the_error(payloads, newline, cuts, stop):
+    raw = b"".join(b"event: delta" + newline + b"data: " + orjson.dumps({"t": text}) + newline
+                   + (b": ping" + newline if i % 2 else b"") + newline for i, text in enumerate(payloads))
+    whole_ends = {event.end for event in SSEParser().feed(raw)} | {0}
+    stop = min(stop, len(raw))
+    gate = WholeEvents()
+    sent, start = b"", 0
+    for cut in sorted({c for c in cuts if c < stop}) + [stop]:
+        sent += gate.release(raw[start:cut])
+        start = cut
+    assert raw.startswith(sent) and len(sent) in whole_ends | {len(raw)}  # whole events only
+    *relayed, last = SSEParser().feed(sent + gate.error_prefix() + ERROR_EVENT)
+    assert last.data == ERROR_EVENT[6:-2] and last.event is None  # the error stands as an event of its own
+    assert [orjson.loads(e.data)["t"] for e in relayed] == payloads[:len(relayed)]
+
+
+def test_a_stream_that_ends_without_a_blank_line_is_relayed_whole():
+    gate = WholeEvents()
+    assert gate.release(b"data: {}\n\nevent: x\ndata: [DO") == b"data: {}\n\n"
+    assert gate.release(b"NE]\n") == b""
+    assert gate.rest() == b"event: x\ndata: [DONE]\n"
+    assert gate.release(b"data: 1\n") == b""
+    assert gate.release(b"\ndata: 2") == b"data: 1\n\n"  # the blank line came in the next read
+
+
+def test_an_oversized_event_is_passed_on_as_it_comes():
+    gate = WholeEvents()
+    piece = b"x" * 65536
+    reads = MAX_EVENT_BYTES // 65536 + 2
+    out = [gate.release(b"data: " + piece)] + [gate.release(piece) for _ in range(reads)]
+    assert sum(map(len, out)) == 6 + len(piece) * (reads + 1)  # nothing held back past the cap
+    assert gate.error_prefix() == b"\n\n"  # the broken event ends, and the error is an event of its own

@@ -88,7 +88,7 @@ async def test_a_compressed_stream_is_relayed_untouched(upstream, proxy):
 
 
 @pytest.mark.parametrize("streamed", [False, True])
-async def test_a_50_mb_answer_arrives_whole(upstream, proxy, streamed):
+async def test_a_50_mb_answer_arrives_whole(upstream, proxy, streamed, caplog):
     if streamed:  # 50 MB of text that never repeats (a repeating one would be cut as chanting)
         def chunk(i: int) -> bytes:
             text = "".join(hashlib.sha256(f"{i}:{j}".encode()).hexdigest() for j in range(16))
@@ -104,6 +104,9 @@ async def test_a_50_mb_answer_arrives_whole(upstream, proxy, streamed):
         async with http.post(f"{proxy.url}/chat/completions", json={**CHAT, "stream": streamed}) as response:
             received = await response.read()
     assert response.status == 200 and len(received) == len(answer) and received == answer
+    # Not streamed, it is larger than what is read of an answer: relayed as it came, and the log says so.
+    relayed_unread = [r.getMessage() for r in caplog.records if "relayed uninspected" in r.getMessage()]
+    assert len(relayed_unread) == (0 if streamed else 1)
     await healthy(proxy, upstream)
 
 

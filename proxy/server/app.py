@@ -35,6 +35,7 @@ from proxy.server.upstream import (
 from proxy.store.store import Store
 from proxy.wire import GEMINI, OPENAI, ROUTES, gemini_inspected, relay_dialect
 from proxy.wire.dialect import Dialect, RequestError
+from proxy.wire.sse import MAX_EVENT_BYTES, WholeEvents
 
 log = logging.getLogger("loopwarden.server")
 
@@ -45,6 +46,8 @@ METRICS = web.AppKey("metrics", Metrics)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 
 _STREAM_CHUNK = 64 * 1024
+# The most of a non-streamed answer that is read; a larger one is relayed as it comes, uninspected.
+INSPECTED_ANSWER_BYTES = MAX_EVENT_BYTES
 # A client connection idle this long is closed: between requests, before its request's head is complete
 # (headers trickled a byte at a time), and while its body has stopped arriving (answered 408).
 CLIENT_IDLE_TIMEOUT = 75.0
@@ -163,16 +166,24 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
                                    tap.streamed_answer() if tap is not None else None)
             return response
         try:
-            body = await upstream.read()
+            body = await _answer(upstream)
         except Exception as exc:
             if not is_read_failure(exc):
                 raise
             raise _read_failure(exc) from exc
+        if isinstance(body, list):  # too large to inspect: relayed as it comes, unread
+            log.warning("an answer of more than %d bytes on %s was relayed uninspected (session %s)",
+                        INSPECTED_ANSWER_BYTES, request.path, verdict.headers.get("X-Loopwarden-Session"))
+            return await _relay_body(request, upstream, response_headers, body)
         if upstream.status != 200:
             if span is not None:
                 Telemetry.answered(span, verdict.headers, request_id, upstream.status)
             return _upstream_error(upstream.status, body, response_headers)
-        readable = _decoded(body, encoding)
+        readable = _decoded(body, encoding, INSPECTED_ANSWER_BYTES)
+        if readable is not None and len(readable) > INSPECTED_ANSWER_BYTES:  # compressed, and too large unpacked
+            log.warning("an answer of more than %d bytes unpacked on %s was relayed uninspected (session %s)",
+                        INSPECTED_ANSWER_BYTES, request.path, verdict.headers.get("X-Loopwarden-Session"))
+            readable = None
         if readable is not None:
             try:
                 answer = orjson.loads(readable)
@@ -187,6 +198,48 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
             if span is not None:
                 Telemetry.answered(span, verdict.headers, request_id, 200, answer)
         return web.Response(status=200, body=body, headers=response_headers)
+
+
+async def _answer(upstream: aiohttp.ClientResponse) -> bytes | list[bytes]:
+    """A non-streamed answer, whole; or, past INSPECTED_ANSWER_BYTES, the reads so far (the rest unread)."""
+    if (upstream.content_length or 0) > INSPECTED_ANSWER_BYTES:
+        return []
+    reads: list[bytes] = []
+    size = 0
+    while chunk := await upstream.content.readany():
+        reads.append(chunk)
+        size += len(chunk)
+        if size > INSPECTED_ANSWER_BYTES:
+            return reads
+    return reads[0] if len(reads) == 1 else b"".join(reads)
+
+
+async def _relay_body(request: web.Request, upstream: aiohttp.ClientResponse, headers,
+                      reads: tuple[bytes, ...] | list[bytes] = ()) -> web.StreamResponse:
+    """The upstream's answer relayed as it comes, unread (after `reads`, what was read of it already)."""
+    response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+    if upstream.content_length is not None:
+        response.content_length = upstream.content_length
+    await response.prepare(request)
+    try:
+        for chunk in reads:
+            await _write(response, chunk)
+        async for chunk in upstream.content.iter_chunked(_STREAM_CHUNK):
+            await _write(response, chunk)
+    except _ClientGone:
+        log.debug("client left mid-transfer on %s", request.path)
+        upstream.close()
+        return response
+    except Exception as exc:
+        if not is_read_failure(exc):
+            raise
+        # Bytes have gone out already: cutting the connection is the only honest signal left.
+        log.warning("upstream body failed mid-transfer on %s: %s", request.path, exc)
+        if request.transport is not None:
+            request.transport.close()
+        return response
+    await _write_eof(request, response)
+    return response
 
 
 async def _persist(guard: guard_module.Guard, tap: Tap) -> None:
@@ -263,20 +316,26 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
     await response.prepare(request)
     open_streams = request.app[METRICS].open_streams
     open_streams.inc()
+    events = WholeEvents()
     try:
         async for chunk in upstream.content.iter_any():
             cut = tap.feed(chunk) if tap is not None else None
             if tap is not None and tap.persist_pending:  # an answer the service keeps ended here: written first
                 await _persist(guard, tap)
             if cut is None:
-                await _write(response, chunk)
+                released = events.release(chunk)
+                if released:
+                    await _write(response, released)
                 continue
             # The guard cut the stream: stop reading at once so the provider stops generating.
             upstream.close()
             forward, ending = cut
-            await _write(response, chunk[:forward] + ending)
+            await _write(response, events.rest() + chunk[:forward] + ending)
             break
         else:
+            rest = events.rest()  # a stream whose last event has no blank line ends as the upstream sent it
+            if rest:
+                await _write(response, rest)
             if tap is not None:
                 tap.stream_end()
     except _ClientGone:
@@ -289,7 +348,8 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
         failure = _read_failure(exc)
         log.warning("upstream stream failed: %s", failure.message)
         try:
-            await _write(response, dialect.stream_error(failure.message, "upstream_error", failure.code))
+            await _write(response, events.error_prefix() + dialect.stream_error(failure.message, "upstream_error",
+                                                                                failure.code))
         except _ClientGone:
             return response
     finally:
@@ -346,28 +406,7 @@ async def passthrough(request: web.Request, dialect: Dialect | None = None) -> w
     data = _body(request, settings.max_body_bytes) if request.body_exists else None
     url = dialect.upstream_url(settings, request.rel_url.raw_path, request.rel_url.raw_query_string)
     async with open_upstream(request.app[CLIENT], request.method, url, headers, data) as upstream:
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                      headers=client_headers(upstream))
-        if upstream.content_length is not None:
-            response.content_length = upstream.content_length
-        await response.prepare(request)
-        try:
-            async for chunk in upstream.content.iter_chunked(_STREAM_CHUNK):
-                await _write(response, chunk)
-        except _ClientGone:
-            log.debug("client left mid-transfer on %s", request.path)
-            upstream.close()
-            return response
-        except Exception as exc:
-            if not is_read_failure(exc):
-                raise
-            # Bytes have gone out already: cutting the connection is the only honest signal left.
-            log.warning("upstream body failed mid-transfer on %s: %s", request.path, exc)
-            if request.transport is not None:
-                request.transport.close()
-            return response
-        await _write_eof(request, response)
-        return response
+        return await _relay_body(request, upstream, client_headers(upstream))
 
 
 async def _whole_body(request: web.Request, limit: int) -> bytes:

@@ -17,6 +17,7 @@ from proxy.conversation import ASSISTANT, TOOL, USER, Anchor, Conversation, Mess
     arguments_text, insert_placed, text_of
 from proxy.wire.chat import OpenAIDialect
 from proxy.wire.dialect import RequestError, positive_int, sse
+from proxy.wire.errors import error_object
 
 CALL_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell_call"})
 OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output", "local_shell_call_output"})
@@ -132,6 +133,11 @@ class ResponsesDialect(OpenAIDialect):
     @staticmethod
     def stream() -> "ResponsesStream":
         return ResponsesStream()
+
+    @staticmethod
+    def stream_error(message: str, type_: str, code: str | None = None) -> bytes:
+        """The upstream failed mid-stream (the events it sent are not known here: not numbered)."""
+        return failure_events(error_object(message, type_, code), {})
 
     @staticmethod
     def max_output_tokens(payload: dict) -> int | None:
@@ -372,18 +378,31 @@ class ResponsesStream:
         return item, out
 
     def stop_ending(self, error: dict) -> bytes:
-        """The stop reached mid-stream: an `error` event (which openai-python raises as APIError carrying
-        `loop_detected`), then `response.failed` (which ends the turn for clients that read that)."""
-        out = sse({"type": "error", "code": error.get("code"), "message": error.get("message"), "param": None,
-                   "error": error, "sequence_number": self._next()}, "error")
-        response = {**self._response_base(), "status": "failed", "output": [],
-                    "error": {"code": error.get("code"), "message": error.get("message")}}
-        return out + sse({"type": "response.failed", "response": response, "sequence_number": self._next()},
-                         "response.failed")
+        """The stop reached mid-stream."""
+        return failure_events(error, self.response, self._next(), self._next())
 
     def _response_base(self) -> dict:
-        base = dict(self.response)
-        base.setdefault("id", f"resp_cut_{int(time.time() * 1000)}")
-        base.setdefault("object", "response")
-        base.setdefault("created_at", int(time.time()))
-        return base
+        return response_base(self.response)
+
+
+def response_base(response: dict) -> dict:
+    """The response a stream announced (or one named here when it announced none)."""
+    base = dict(response)
+    base.setdefault("id", f"resp_cut_{int(time.time() * 1000)}")
+    base.setdefault("object", "response")
+    base.setdefault("created_at", int(time.time()))
+    return base
+
+
+def failure_events(error: dict, response: dict, sequence: int | None = None,
+                   next_sequence: int | None = None) -> bytes:
+    """A stream ended on an error: an `error` event (which openai-python raises as APIError, carrying the
+    error's code), then `response.failed` (which ends the turn for clients that read that). Numbered when the
+    stream's numbering is known."""
+    numbered = sequence is not None
+    out = sse({"type": "error", "code": error.get("code"), "message": error.get("message"), "param": None,
+               "error": error, **({"sequence_number": sequence} if numbered else {})}, "error")
+    failed = {**response_base(response), "status": "failed", "output": [],
+              "error": {"code": error.get("code"), "message": error.get("message")}}
+    return out + sse({"type": "response.failed", "response": failed,
+                      **({"sequence_number": next_sequence} if numbered else {})}, "response.failed")

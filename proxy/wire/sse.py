@@ -45,12 +45,13 @@ class SSEParser:
             and not self._oversize
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        if self._held and b"\n" not in chunk and b"\r" not in chunk:
+        if self._held > 0 and b"\n" not in chunk and b"\r" not in chunk:
             # A line still going on: kept aside, not copied again with every read.
             self._pieces.append(chunk)
             self._held += len(chunk)
             if self._held > MAX_EVENT_BYTES:
                 self._drop_event()
+                self._pieces, self._rest = [], b""
                 self._held = -1  # a line being skipped: the count no longer matters, only its end
             return []
         if self._held < 0:  # skipping the rest of an oversized line
@@ -139,3 +140,66 @@ class SSEParser:
                 return None
             events.append(SSEEvent(block[6:], name, end))
         return events
+
+
+_EVENT_ENDS = (b"\n\n", b"\r\r", b"\r\n\r\n")
+
+
+def _last_event_end(data: bytes) -> int:
+    """Where the last whole event in `data` ends (0: none does)."""
+    end = 0
+    for blank in _EVENT_ENDS:
+        at = data.rfind(blank)
+        if at >= 0:
+            end = max(end, at + len(blank))
+    return end
+
+
+class WholeEvents:
+    """What of a relayed stream goes to the client now: every whole event that has arrived. The rest of an
+    event is held until its blank line comes (a client acts on nothing before it anyway), so a stream that
+    breaks off has given the client whole events only, and an error event written after them stands on its
+    own (some clients even turn a lone `event:` line into an event with no data, and fail on it). An event
+    larger than MAX_EVENT_BYTES is passed on as it comes."""
+
+    __slots__ = ("_held", "_held_size", "_passing")
+
+    def __init__(self) -> None:
+        self._held: list[bytes] = []
+        self._held_size = 0
+        self._passing = False  # an oversized event is going out as it comes
+
+    def release(self, chunk: bytes) -> bytes:
+        """The part of what has arrived that may go out now."""
+        if not self._held and chunk.endswith(_EVENT_ENDS):  # the usual read: whole events
+            self._passing = False
+            return chunk
+        end = _last_event_end(chunk)
+        if self._held and end < len(chunk) and chunk.startswith((b"\n", b"\r")):  # a blank line split apart
+            end = max(end, _last_event_end(self._held[-1][-3:] + chunk) - min(3, len(self._held[-1])))
+        if end == 0:
+            if self._passing:
+                return chunk
+            self._held.append(chunk)
+            self._held_size += len(chunk)
+            if self._held_size > MAX_EVENT_BYTES:  # no event this long is read either: let it through
+                self._passing = True
+                return self.rest()
+            return b""
+        self._passing = False
+        released = b"".join(self._held) + chunk[:end] if self._held else chunk[:end]
+        self._held = [chunk[end:]] if end < len(chunk) else []
+        self._held_size = len(chunk) - end
+        return released
+
+    def rest(self) -> bytes:
+        """What is held, released whole: the stream ended (as the upstream sent it) or is cut here."""
+        held = b"".join(self._held)
+        self._held, self._held_size = [], 0
+        return held
+
+    def error_prefix(self) -> bytes:
+        """Before an error event written now: what ends an oversized event that went out in part (what is held
+        never goes out)."""
+        self._held, self._held_size = [], 0
+        return b"\n\n" if self._passing else b""
