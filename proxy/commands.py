@@ -112,7 +112,7 @@ async def _stats(engine, args, since) -> str:
         f"sessions affected          {result['sessions_affected']}",
         f"avg turns before detection {result['average_turns_before_detection'] or '-'}",
         f"recovery rate              {'-' if rate is None else f'{rate:.0%}'} "
-        f"({result['recovered_tasks']} of {result['warned_tasks']} warned tasks: the model moved on after the warning)",
+        f"({result['recovered_tasks']} of {result['warned_tasks']} warned tasks: the model left the loop for good)",
         f"tokens saved (estimate)    {result['tokens_saved_estimate']}",
         f"judge checks / tokens      {result['judge_checks']} / {result['judge_tokens']}",
     ]

@@ -20,14 +20,17 @@ from proxy.agents import agent_name, title_of
 from proxy.config import Settings
 from proxy.conversation import SYSTEM, USER, Chain, Conversation, Message, RequestError
 from proxy.detect.engine import (
+    RECOVERY_TURNS,
     Decision,
     DetectConfig,
     Episode,
     FoldCache,
     ResponseWatcher,
     TaskState,
+    after_warning,
     analyze,
     answer_action,
+    ends_task,
     episodes,
 )
 from proxy.detect.judge_policy import JudgeCheck, check_due
@@ -261,10 +264,19 @@ class Inspector:
             record = self.keep
             keep = lambda answer, response_id: record(  # noqa: E731
                 tenant, response_id, previous, conversation_id, session_id, sent + [answer])
+        # Recovery is measured only on warnings the model was given, and is the last episode of its task: the
+        # model moved on when the loop's calls did not come back and it went on RECOVERY_TURNS turns, or (seen
+        # in the answer) it ended the task with an answer of its own.
+        warned = warnings[-1] if warnings and not observe and stop is None and \
+            warnings[-1] is decision.episodes[-1] else None
+        if warned is not None:
+            taken, returned = after_warning(messages, warned)
+            if returned:
+                warned = None
+            elif taken >= RECOVERY_TURNS:
+                self.sink.recovery(context, warned)
         tap = Tap(dialect.stream(), dialect.answer, self.sink, context, watcher,
-                  dialect.max_output_tokens(payload) or DEFAULT_COMPLETION_TOKENS,
-                  # Recovery is measured only on warnings the model was given.
-                  warned=warnings[-1] if warnings and not observe else None,
+                  dialect.max_output_tokens(payload) or DEFAULT_COMPLETION_TOKENS, warned=warned,
                   # After an observed would-be stop, the task logs nothing more.
                   deliver=decision.logged() if stop is None else [],
                   keep=keep, cut_notice=settings.cut_notice, observe=observe, read_reasoning=dialect.reasoning)
@@ -434,7 +446,8 @@ class Tap:
         answer that completes none, given a warning, is the model moving on."""
         if self._keep is not None:
             self._record(message, response_id)
-        if self._watcher.episode is None and self._watcher.finish(message) is None and self._warned is not None:
+        if self._watcher.episode is None and self._watcher.finish(message) is None and self._warned is not None \
+                and ends_task(message):
             self._sink.recovery(self.context, self._warned)
 
 

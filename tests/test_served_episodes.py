@@ -119,37 +119,51 @@ async def test_a_failing_call_is_warned_and_stopped_as_tool_error(upstream, prox
 
 
 async def test_the_recovery_rate_counts_only_models_that_moved_on(upstream, proxy):
-    # Warned, and the model's next answer does something else: a recovery.
-    moved_on = Agent(proxy.url, headers={"X-Loopwarden-Session": "moved-on"}, stream=True)
-    for _ in range(5):
-        upstream.script.append(Turn(tool_calls=[("read_file", {"path": "src/app.py"})]))
-        await moved_on.turn()
-        moved_on.answer(CONTENT)
-    upstream.script.append(Turn(tool_calls=[("edit_file", {"path": "src/app.py", "line": 3})]))
-    await moved_on.turn()
+
+    async def run(agent, turns: list[Turn]) -> None:
+        for _ in range(5):  # stuck on one call: the 5th completes the episode, warned in the next request
+            upstream.script.append(Turn(tool_calls=[("read_file", {"path": "src/app.py"})]))
+            await agent.turn()
+            agent.answer(CONTENT)
+        for turn in turns:
+            upstream.script.append(turn)
+            await agent.turn()
+            if turn.tool_calls:
+                agent.answer(f"done: {turn.tool_calls[0][1]}")
+
+    def edit(line: int) -> Turn:
+        return Turn(tool_calls=[("edit_file", {"path": "src/app.py", "line": line})])
+
+    agents = {name: Agent(proxy.url, headers={"X-Loopwarden-Session": name}, stream=name == "answered")
+              for name in ("answered", "went-on", "broke-off", "came-back", "quitter", "repeater")}
+    # Warned; it edited the file and ended the task with its answer: recovered.
+    await run(agents["answered"], [edit(3), Turn(content="Fixed: the file reads the new setting now.")])
+    # Warned; five turns of other work, no further episode: recovered.
+    await run(agents["went-on"], [edit(n) for n in range(5)] + [edit(9)])
+    # Warned; one other call, then the agent broke off (its own guard, a person's Ctrl-C): not yet recovered.
+    await run(agents["broke-off"], [edit(3)])
+    # Warned; one other call, then the loop's call again, then an answer: the loop came back.
+    await run(agents["came-back"], [edit(3), Turn(tool_calls=[("read_file", {"path": "src/app.py"})]),
+                                    Turn(content="Done.")])
     # Looped to the 5th call, then the agent quit before any request carried the warning: nothing logged.
-    quitter = Agent(proxy.url, headers={"X-Loopwarden-Session": "quitter"})
+    quitter = agents["quitter"]
     for _ in range(5):
         upstream.script.append(Turn(tool_calls=[("read_file", {"path": "src/app.py"})]))
         await quitter.turn()
         quitter.answer(CONTENT)
     # Warned, and the model answered with the same call again, then the run ended: no recovery.
-    repeater = Agent(proxy.url, headers={"X-Loopwarden-Session": "repeater"})
-    for _ in range(6):
-        upstream.script.append(Turn(tool_calls=[("read_file", {"path": "src/app.py"})]))
-        await repeater.turn()
-        repeater.answer(CONTENT)
+    await run(agents["repeater"], [Turn(tool_calls=[("read_file", {"path": "src/app.py"})])])
     # Stopped: no recovery either.
     stopped = Agent(proxy.url, headers={"X-Loopwarden-Session": "stopped"})
     await run_to_the_stop(stopped, upstream)
 
-    rows = await logged(proxy, "moved-on", 1)
-    assert [(r["action"], r["recovered"]) for r in rows] == [("warned", True)]
-    assert await logged(proxy, "quitter", 1, timeout=0.5) == []
-    await asyncio.sleep(0.4)
+    assert await logged(proxy, "quitter", 1, timeout=0.5) == []  # and the log has caught up with the rest
+    for name, recovered in (("answered", True), ("went-on", True), ("broke-off", False), ("came-back", False)):
+        rows = await logged(proxy, name, 1)
+        assert [(r["action"], r["recovered"]) for r in rows] == [("warned", recovered)], name
     result = await stats(proxy)
-    assert (result["warned_tasks"], result["recovered_tasks"], result["recovery_rate"]) == (3, 1, 0.333)
-    for agent in (moved_on, quitter, repeater, stopped):
+    assert (result["warned_tasks"], result["recovered_tasks"]) == (6, 2)
+    for agent in (*agents.values(), stopped):
         await agent.close()
 
 

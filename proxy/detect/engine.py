@@ -653,6 +653,44 @@ class Decision:
         return [(warning, "warned") for warning in self.warnings if not warning.was_cut]
 
 
+RECOVERY_TURNS = 5  # turns after a warning, with no further episode, that count as the model having moved on
+
+
+def _action_keys(message: Message) -> set[str]:
+    """What an assistant message did: its calls, native or written in text, by name and canonical arguments."""
+    calls = [make_call(call, {}) for call in message.calls] or \
+        [text_call(action, None) for action in read_actions(model_text(message)[0]) or ()]
+    return {call.key for call in calls}
+
+
+def ends_task(message: Message) -> bool:
+    """An answer of the model's own that calls nothing: the agent's task ends with it."""
+    return bool(model_text(message)[0].strip()) and not _action_keys(message)
+
+
+def after_warning(messages: Sequence[Message], warning: Episode) -> tuple[int, bool]:
+    """Since the model was given this warning: how many turns it took, and whether any of them came back to the
+    loop's calls (those of the message that completed it; for a cycle, of every turn of the cycle)."""
+    looped: set[str] = set()
+    turns = max(1, len(warning.detail.get("cycle", ())))
+    for index in range(min(warning.message_index, len(messages) - 1), -1, -1):
+        message = messages[index]
+        if message.role == ASSISTANT:
+            looped |= _action_keys(message)
+            turns -= 1
+            if not turns:
+                break
+    taken, returned = 0, False
+    for index in range(warning.place, len(messages)):  # read no further than the turns that decide
+        message = messages[index]
+        if message.role == ASSISTANT:
+            taken += 1
+            returned = returned or not looped.isdisjoint(_action_keys(message))
+            if returned or taken > RECOVERY_TURNS:
+                break
+    return taken, returned
+
+
 def answer_action(episode: Episode) -> str | None:
     """How an episode completed by a streamed answer is logged ("stopped" or "cut"); None past a task's
     would-be stop (observe mode, replay), after which a task logs nothing more."""
