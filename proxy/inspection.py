@@ -27,6 +27,7 @@ from proxy.detect.engine import (
     FoldCache,
     ResponseWatcher,
     TaskState,
+    UnseenChant,
     after_warning,
     analyze,
     answer_action,
@@ -49,6 +50,7 @@ SESSION_HEADERS = ("X-Loopwarden-Session", "X-Session-Id", "X-Claude-Code-Sessio
 SIDE_SPLIT_HEADERS = frozenset({"X-Claude-Code-Session-Id"})
 CACHED_SESSIONS = 4096
 MODEL_POLICIES = 256  # models whose settings are kept resolved
+UNSEEN_PER_SESSION = 8  # chants in whole answers' reasoning remembered per session
 DEFAULT_COMPLETION_TOKENS = 4096
 MODEL_CHARS = 256  # a model's name as every cache, span and column holds it (no real one is longer)
 
@@ -184,6 +186,11 @@ class Inspector:
         self._folds: LRU = LRU(CACHED_SESSIONS)
         self._message_counts: LRU = LRU(CACHED_SESSIONS)
         self._per_model: LRU = LRU(MODEL_POLICIES)
+        self._unseen: LRU = LRU(CACHED_SESSIONS)  # (tenant, session) -> chants found in whole answers' reasoning
+
+    def remember_unseen(self, key: tuple[str, str], chant: UnseenChant) -> None:
+        """A chant in a whole answer's reasoning: the session's next request is warned of it."""
+        self._unseen.put(key, [*(self._unseen.get(key) or ())[-(UNSEEN_PER_SESSION - 1):], chant])
 
     def known_message_counts(self) -> dict:
         return dict(self._message_counts)
@@ -225,7 +232,8 @@ class Inspector:
         state, cache = analyze(config, messages, controls.reset_at_message if controls else 0, self._folds.get(key))
         self._folds.put(key, cache)
         checks = facts.judge_checks(tenant, session_id, state.key) if facts is not None else []
-        decision = Decision(episodes(config, state, plan_mode=plan_mode, judge_checks=checks))
+        unseen = self._unseen.get(key) or ()
+        decision = Decision(episodes(config, state, plan_mode=plan_mode, judge_checks=checks, unseen=unseen))
         context = Context(tenant, session_id, state.key, model, dialect.name, not observe, span)
 
         stop = decision.stop
@@ -277,6 +285,7 @@ class Inspector:
                 self.sink.recovery(context, warned)
         tap = Tap(dialect.stream(), dialect.answer, self.sink, context, watcher,
                   dialect.max_output_tokens(payload) or DEFAULT_COMPLETION_TOKENS, warned=warned,
+                  unseen=lambda chant: self.remember_unseen(key, chant),
                   # After an observed would-be stop, the task logs nothing more.
                   deliver=decision.logged() if stop is None else [],
                   keep=keep, cut_notice=settings.cut_notice, observe=observe, read_reasoning=dialect.reasoning)
@@ -303,11 +312,13 @@ class Tap:
 
     def __init__(self, assembler: StreamAssembler, read_answer: Callable[[dict], Message | None], sink: EpisodeSink,
                  context: Context, watcher: ResponseWatcher, max_completion: int, *, warned: Episode | None,
+                 unseen: Callable[[UnseenChant], None] | None = None,
                  deliver: list[tuple[Episode, str]], keep: Callable[[Message, str | None], None] | None,
                  cut_notice: bool, observe: bool, read_reasoning: Callable[[dict], str] | None = None) -> None:
         self._assembler = assembler
         self._read_answer = read_answer
         self._read_reasoning = read_reasoning  # the reasoning text of a non-streamed answer
+        self._unseen = unseen  # told of a chant in a whole answer's reasoning
         self._sink = sink
         self.context = context
         self._watcher = watcher
@@ -429,8 +440,10 @@ class Tap:
         if message is None:
             return
         reasoning = self._read_reasoning(answer) if self._read_reasoning is not None else ""
-        if reasoning:  # no cut is possible here: the next request is warned
-            self._watcher.reasoning(reasoning)
+        if reasoning:  # no cut is possible here: the next request is warned (its conversation lacks the reasoning)
+            found = self._watcher.reasoning(reasoning)
+            if found is not None and self._unseen is not None:
+                self._unseen(self._watcher.unseen(found, message))
         if message.text:
             self._watcher.text(message.text)
         self._finish(message, answer.get("id") if isinstance(answer.get("id"), str) else None)

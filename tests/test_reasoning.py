@@ -123,12 +123,25 @@ async def test_varied_reasoning_goes_through_untouched_and_nothing_is_logged(ups
     await nothing_logged(proxy, "varied")
 
 
-async def test_a_chant_in_a_json_answers_reasoning_is_relayed_whole(upstream, proxy):
-    upstream.script.append(Turn(thinking=CHANT * 40, content="42."))
+async def test_a_chant_in_a_json_answers_reasoning_is_relayed_whole_and_the_next_request_warned(upstream, proxy):
+    upstream.script.append(Turn(thinking=CHANT * 40, tool_calls=[("read_file", {"path": "sum.py"})]))
+    messages = [{"role": "user", "content": "Add."}]
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
     async with openai_client(proxy, "json") as client:
-        answer = await client.chat.completions.create(model="qwen3", messages=[{"role": "user", "content": "Add."}])
-    assert answer.choices[0].message.content == "42."  # no cut is possible in a whole answer
-    assert answer.choices[0].message.model_extra["reasoning_content"] == CHANT * 40
+        answer = await client.chat.completions.create(model="qwen3", messages=messages, tools=tools)
+        message = answer.choices[0].message  # no cut is possible in a whole answer: relayed as it came
+        assert message.model_extra["reasoning_content"] == CHANT * 40 and message.tool_calls
+        # The agent sends the call and its result on, without the reasoning (as DeepSeek asks): warned anyway.
+        call = message.tool_calls[0]
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": "a = 40\nb = 2"}]
+        upstream.script.append(Turn(content="42."))
+        await client.chat.completions.create(model="qwen3", messages=messages, tools=tools)
+    sent = upstream.chat_requests[-1]["messages"]
+    warnings = [m["content"] for m in sent if "[loopwarden]" in str(m.get("content"))]
+    assert len(warnings) == 1 and "repeat" in warnings[0] and sent[-1]["content"] == warnings[0]
+    (row,) = await logged(proxy, "json", 1)
+    assert (row["type"], row["action"], row["detail"]["channel"]) == ("content", "warned", "reasoning")
 
 
 @pytest.mark.parametrize("kind", ["reasoning_text", "summary"])

@@ -606,8 +606,18 @@ def episode_of(config: DetectConfig, number: int, finding: Finding, trips: list[
                    finding.was_cut, finding.step)
 
 
+@dataclass(frozen=True)
+class UnseenChant:
+    """A chant in the reasoning of a whole (non-streamed) answer: the conversation the client sends next does
+    not hold that reasoning, so what was found in it is remembered, by the task and the turn it was."""
+
+    task: str
+    turn: int  # the task's assistant turn, from 1
+    detail: dict
+
+
 def episodes(config: DetectConfig, state: TaskState, *, plan_mode: bool = False,
-             judge_checks: list[JudgeCheck] = ()) -> list[Episode]:
+             judge_checks: list[JudgeCheck] = (), unseen: Sequence[UnseenChant] = ()) -> list[Episode]:
     """Number the task's findings: one episode per step (a message, or one call of several in a message),
     named after its first allowed rule."""
     trips_at: dict[tuple[int, int], tuple[Finding, list[tuple[str, dict]]]] = {}
@@ -615,6 +625,18 @@ def episodes(config: DetectConfig, state: TaskState, *, plan_mode: bool = False,
         trips = allowed_trips(finding, plan_mode)
         if trips:
             trips_at[finding.position] = (finding, trips)
+    for chant in unseen:
+        if chant.task != state.key or plan_mode or not 0 < chant.turn <= len(state.turn_places):
+            continue
+        index, step, place = state.turn_places[chant.turn - 1]
+        if (index, step) in trips_at:
+            trips = trips_at[index, step][1]
+            if not any(kind == "content" for kind, _ in trips):
+                trips.append(("content", chant.detail))
+                trips.sort(key=lambda trip: TYPES.index(trip[0]))
+        else:
+            trips_at[index, step] = (Finding(index, place, chant.turn, [("content", chant.detail)], step=step),
+                                     [("content", chant.detail)])
     for check in judge_checks:
         if check.task != state.key or not check.is_loop(config.judge_confirm):
             continue
@@ -730,6 +752,13 @@ class ResponseWatcher:
 
     def tool_call_started(self) -> Episode | None:
         return self._content_episode() if self._turn.end_text() else None
+
+    def unseen(self, episode: Episode, message: Message) -> UnseenChant:
+        """A chant this whole answer's reasoning completed, as the next request's fold will know its task (a
+        task is named by its first turn's call id once it has one)."""
+        state = self._turn.state  # this request's own copy of the task
+        state.anchor(message)
+        return UnseenChant(state.key, episode.turn, episode.detail)
 
     def finish(self, message: Message) -> Episode | None:
         """The response is complete: its actions, native or written in text, count now, their results

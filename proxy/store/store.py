@@ -77,6 +77,7 @@ class Store:
         self._maintainer: asyncio.Task | None = None
         self._rebuilding = False
         self._complete: tuple[float, bool] | None = None  # (when checked, whether the counts were whole)
+        self._checking: asyncio.Task | None = None  # a check of the counts under way for the API
 
     async def start(self) -> None:
         try:
@@ -89,7 +90,7 @@ class Store:
         self._maintainer = loop.create_task(self._maintain(), name="loopwarden-log-maintenance")
 
     async def close(self, timeout: float = 5.0) -> None:
-        for task in (self._poller, self._maintainer):
+        for task in (self._poller, self._maintainer, self._checking):
             if task is not None:
                 task.cancel()
                 try:
@@ -269,16 +270,28 @@ class Store:
             self._complete = None
 
     async def counts_complete(self) -> bool:
-        """Whether the overview's counts hold every detection now (checked at most every COMPLETE_FOR seconds;
-        False while this replica rebuilds them, or while they do not match the log)."""
+        """Whether the overview's counts hold every detection (False while this replica rebuilds them, or while
+        they did not match the log when last checked). The check counts the log's rows, which takes a while on a
+        large one: it is made at most every COMPLETE_FOR seconds, in the background, and meanwhile the last
+        answer stands; only the very first is waited for."""
         if self._rebuilding:
             return False
-        now = asyncio.get_running_loop().time()
-        if self._complete is None or now - self._complete[0] >= COMPLETE_FOR:
+        if self._complete is None:
+            await self._check_complete()
+        elif asyncio.get_running_loop().time() - self._complete[0] >= COMPLETE_FOR and self._checking is None:
+            self._checking = asyncio.get_running_loop().create_task(self._check_complete(),
+                                                                  name="loopwarden-counts-check")
+        return self._complete is not None and self._complete[1] and not self._rebuilding
+
+    async def _check_complete(self) -> None:
+        try:
             async with self.engine.connect() as connection:
                 rows, counted = await rollup.consistent(connection)
-            self._complete = (now, rows == counted)
-        return self._complete[1] and not self._rebuilding
+            self._complete = (asyncio.get_running_loop().time(), rows == counted)
+        except Exception as exc:  # the database away: the last answer stands, the next call tries again
+            log.debug("overview counts check failed: %s", exc)
+        finally:
+            self._checking = None
 
     async def prune_responses(self) -> int:
         """Forget responses past their retention."""
