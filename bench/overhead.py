@@ -1,6 +1,6 @@
 """What loopwarden costs an agent, measured in one run against the same upstream.
 
-    .venv/bin/python bench/overhead.py [--quick] [--reasoning-only]
+    .venv/bin/python bench/overhead.py [--quick] [--reasoning-only] [--relay-only]
 
 Targets, in separate processes on this machine: a lean upstream, a bare aiohttp
 relay (the least any forwarding proxy costs), and loopwarden. The load comes
@@ -264,7 +264,36 @@ async def reasoning_streams(timer: Timer, targets: dict[str, str], streams: int)
           "one of the same size without them\n")
 
 
-async def run(quick: bool, reasoning_only: bool = False) -> None:
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has spent, all its threads."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def against_the_relay(timer: Timer, targets: dict[str, str], pids: dict[str, int], scale: float) -> None:
+    """The comparison with a bare relay on either loop: added p50 at concurrency 1 (interleaved), then
+    requests/s and CPU per request at concurrency 16 (each target's own process)."""
+    rounds = int(2000 * scale)
+    c1 = await sequential(timer, targets, rounds)
+    total = int(8000 * scale)
+    print(f"## Against the bare relay: concurrency 1 ({rounds} requests each, interleaved), "
+          f"then concurrency 16 ({total} requests each)\n")
+    print("| target | added p50 ms (c1) | vs relay | requests/s (c16) | CPU ms per request (c16) | p99 ms (c16) |")
+    print("|---|---|---|---|---|---|")
+    direct = pct(c1["direct"], .5)
+    relay_added = pct(c1["relay"], .5) - direct
+    for name, url in targets.items():
+        before = cpu_seconds(pids[name])
+        samples, rps = await concurrent(timer, url, 16, total)
+        cpu = (cpu_seconds(pids[name]) - before) / total
+        added = pct(c1[name], .5) - direct
+        print(f"| {name} | {ms(added)} | {added / relay_added if name != 'direct' else 0:.2f}x | {rps:.0f} | "
+              f"{cpu * 1000:.3f} | {ms(pct(samples, .99))} |")
+    print()
+
+
+async def run(quick: bool, reasoning_only: bool = False, relay_only: bool = False) -> None:
     scale = 0.2 if quick else 1.0
     processes = []
     tmp = tempfile.mkdtemp(prefix="lw-bench-")
@@ -276,6 +305,9 @@ async def run(quick: bool, reasoning_only: bool = False) -> None:
         await wait_ready(upstream)
         processes.append(subprocess.Popen([python, str(ROOT / "bench/servers.py"), "relay", str(relay_port),
                                            upstream]))
+        uvloop_relay_port = free_port()
+        processes.append(subprocess.Popen([python, str(ROOT / "bench/servers.py"), "relay-uvloop",
+                                           str(uvloop_relay_port), upstream]))
         processes.append(subprocess.Popen(
             [python, "-m", "proxy", "serve", "--port", str(lw_port), "--upstream", upstream,
              "--anthropic-upstream-url", upstream, "--log-level",
@@ -283,7 +315,10 @@ async def run(quick: bool, reasoning_only: bool = False) -> None:
             cwd=ROOT))
         targets = {"direct": upstream, "relay": f"http://127.0.0.1:{relay_port}/v1",
                    "loopwarden": f"http://127.0.0.1:{lw_port}/v1"}
-        for url in targets.values():
+        relay_targets = {**targets, "relay (uvloop)": f"http://127.0.0.1:{uvloop_relay_port}/v1"}
+        pids = {"direct": processes[0].pid, "relay": processes[1].pid, "relay (uvloop)": processes[2].pid,
+                "loopwarden": processes[3].pid}
+        for url in relay_targets.values():
             await wait_ready(url)
 
         connector = aiohttp.TCPConnector(limit=64)
@@ -293,6 +328,9 @@ async def run(quick: bool, reasoning_only: bool = False) -> None:
             print(f"# loopwarden overhead benchmark ({os.cpu_count()} cores, Python {sys.version.split()[0]})\n")
             if reasoning_only:
                 await reasoning_streams(timer, targets, int(300 * scale))
+                return
+            await against_the_relay(timer, relay_targets, pids, scale)
+            if relay_only:
                 return
 
             rounds = int(2000 * scale)
@@ -391,5 +429,7 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="a fifth of the requests, for a fast look")
     parser.add_argument("--reasoning-only", action="store_true",
                         help="only the streams with reasoning deltas, against the same size without")
+    parser.add_argument("--relay-only", action="store_true",
+                        help="only the comparison with the bare relay on both loops (latency, requests/s, CPU)")
     arguments = parser.parse_args()
-    asyncio.run(run(arguments.quick, arguments.reasoning_only))
+    asyncio.run(run(arguments.quick, arguments.reasoning_only, arguments.relay_only))

@@ -3,6 +3,7 @@ OpenTelemetry spans (to measure loopwarden with tracing on).
 
     python bench/servers.py upstream PORT
     python bench/servers.py relay PORT UPSTREAM_URL
+    python bench/servers.py relay-uvloop PORT UPSTREAM_URL
     python bench/servers.py collector PORT      # then OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:PORT
 """
 
@@ -202,5 +203,11 @@ def collector_app() -> web.Application:
 
 if __name__ == "__main__":
     kind, port = sys.argv[1], int(sys.argv[2])
-    app = {"upstream": upstream_app, "collector": collector_app}[kind]() if kind != "relay" else relay_app(sys.argv[3])
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    # `relay-uvloop`: the same bare relay on uvloop, the loop loopwarden runs on where it installs.
+    app = {"upstream": upstream_app, "collector": collector_app}[kind]() if not kind.startswith("relay") \
+        else relay_app(sys.argv[3])
+    loop_factory = None
+    if kind == "relay-uvloop":
+        import uvloop
+        loop_factory = uvloop.new_event_loop
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, loop=loop_factory and loop_factory())

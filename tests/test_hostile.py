@@ -43,6 +43,20 @@ async def test_headers_named_in_connection_stay_on_this_hop(upstream, proxy):
     assert "X-Hop-Secret" not in sent.headers and sent.headers["X-Kept"] == "yes"
 
 
+async def test_a_cookie_the_upstream_sets_for_one_client_never_goes_up_with_another(upstream, proxy_factory):
+    proxy = await proxy_factory(upstream.url.replace("127.0.0.1", "localhost"))  # a name, as providers have
+    upstream.script.append(Turn(content="ok", headers={"Set-Cookie": "session=client-a-secret; Path=/"}))
+    upstream.script.append(Turn(content="ok"))
+    async with aiohttp.ClientSession() as first, aiohttp.ClientSession() as second:
+        async with first.post(f"{proxy.url}/chat/completions", data=BODY,
+                              headers={"Content-Type": "application/json", "Authorization": "Bearer sk-a"}) as answer:
+            assert answer.headers["Set-Cookie"].startswith("session=client-a-secret")  # relayed to its client
+        async with second.post(f"{proxy.url}/chat/completions", data=BODY,
+                               headers={"Content-Type": "application/json", "Authorization": "Bearer sk-b"}) as answer:
+            assert answer.status == 200
+    assert [sent.headers.get("Cookie") for sent in upstream.requests] == [None, None]
+
+
 def test_an_alerts_text_line_shows_a_clients_markup_as_typed():
     from datetime import datetime
 

@@ -85,8 +85,11 @@ def make_client_session(settings: Settings) -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30, enable_cleanup_closed=True)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.upstream_connect_timeout,
                                     sock_read=settings.upstream_read_timeout)
+    # No cookie jar: a cookie one client's answer set must never go up with another client's request (and a
+    # jar is looked through on every request).
     return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
-                                 skip_auto_headers=("User-Agent",), trust_env=False)
+                                 skip_auto_headers=("User-Agent",), trust_env=False,
+                                 cookie_jar=aiohttp.DummyCookieJar())
 
 
 @asynccontextmanager

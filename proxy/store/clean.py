@@ -93,12 +93,15 @@ def row(table, values: dict) -> dict:
     return values
 
 
+@functools.cache
+def _length(table, name: str) -> int | None:
+    column = table.__table__.columns[name]
+    return None if isinstance(column.type, Text) else column.type.length
+
+
 def column_text(table, name: str, value: str | None) -> str | None:
     """One string as `table.name` holds it: for looking up a value as it was stored."""
-    if value is None:
-        return None
-    column = table.__table__.columns[name]
-    return text(value, None if isinstance(column.type, Text) else column.type.length)
+    return None if value is None else text(value, _length(table, name))
 
 
 MODEL_CHARS = 256  # a model's name as every column, cache and span holds it
