@@ -20,6 +20,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 from sqlalchemy import insert
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import create_async_engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,8 +44,13 @@ async def write_beside(database_url: str, rows: int) -> float:
                   "episode": 1, "episode_limit": 2, "turn": 5, "detail": {}, "request_id": None,
                   "tokens_saved_estimate": 0, "recovered": False, "enforced": True, "episode_key": f"restored-{n}"}
                  for n in range(start, min(rows, start + BATCH))]
-        async with engine.begin() as connection:
-            await connection.execute(insert(Detection), batch)
+        for attempt in range(60):  # the proxy may be rebuilding its counts meanwhile (SQLite: one writer)
+            try:
+                async with engine.begin() as connection:
+                    await connection.execute(insert(Detection), batch)
+                break
+            except OperationalError:
+                await asyncio.sleep(1)
     await engine.dispose()
     return time.perf_counter() - began
 
