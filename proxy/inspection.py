@@ -33,6 +33,7 @@ from proxy.detect.engine import (
     answer_action,
     ends_task,
     episodes,
+    system_text,
 )
 from proxy.detect.judge_policy import JudgeCheck, check_due
 from proxy.detect.normalize import digest
@@ -95,8 +96,9 @@ def session_of(headers: Mapping[str, str], messages: list[Message], tenant: str,
 
 def first_prompt(messages: Sequence[Message]) -> str:
     """The first message a person wrote, as names a task (the session's fingerprint and its title): an agent's
-    own preamble (Aider's file-context message, which moves after the first request) is skipped."""
-    return person_text(m.text for m in messages if m.role == USER)
+    own preamble (Aider's file-context message, which moves after the first request, and its example
+    conversation) is skipped, and the reminder it appends to the newest message is cut."""
+    return person_text((m.text for m in messages if m.role == USER), system_text(messages))
 
 
 @dataclass(slots=True)

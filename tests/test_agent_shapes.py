@@ -10,12 +10,13 @@ import orjson
 import pytest
 
 from proxy.detect.engine import Decision, DetectConfig, analyze, episodes
-from proxy.inspection import session_of
+from proxy.inspection import first_prompt, session_of
 from proxy.replay import read_records, replay
 from proxy.wire.chat import ChatDialect
 
 AGENTS = Path(__file__).parent / "fixtures" / "agents"
 DEFAULT = DetectConfig()
+STRICT = DetectConfig(tool_call_threshold=3, max_warnings=1)  # the `strict` preset
 
 
 def requests(agent: str) -> list[dict]:
@@ -29,12 +30,12 @@ def replayed(agent: str) -> list[tuple[str, str]]:
     return [(e["action"], e["type"]) for e in replay(DEFAULT, records[-1]).episodes]
 
 
-def decisions(agent: str) -> list[tuple]:
+def decisions(agent: str, config: DetectConfig = DEFAULT) -> list[tuple]:
     """Per request of the run, as the proxy decides it: the warnings it carries, or the stop."""
     result = []
     for body in requests(agent):
-        state, _ = analyze(DEFAULT, ChatDialect.read(body).messages)
-        decision = Decision(episodes(DEFAULT, state))
+        state, _ = analyze(config, ChatDialect.read(body).messages)
+        decision = Decision(episodes(config, state))
         result.append(("stop", decision.stop.type) if decision.stop else tuple(e.type for e in decision.warnings))
     return result
 
@@ -96,3 +97,58 @@ def test_runs_on_different_prompts_are_different_sessions_though_the_agent_opens
     first = ChatDialect.read(requests("aider")[0]).messages
     other = [m._replace(text="add a docstring to a.py") if m.text == "fix the bug in a.py" else m for m in first]
     assert session_of({}, first, "t") != session_of({}, other, "t")
+
+
+@pytest.mark.parametrize("agent", ["aider-git", "aider-examples"])
+def test_aider_in_a_git_repository_three_failed_edits_are_warned_as_tool_error(agent):
+    # In a git repository (Aider's default) Aider's note after a failed edit is `I didn't see any properly
+    # formatted edits in your reply?!`, and its repository map opens the conversation. For a model it has no
+    # settings for (`aider-examples`: openai/qwen2.5-coder-32b) it also opens with its example conversation as
+    # user messages and appends its closing reminder to the newest failure only. Either way the three failures
+    # are one task, warned at Aider's 3rd reflection, the last request it sends.
+    assert replayed(agent) == [("warned", "tool_error")]
+    assert decisions(agent) == [(), (), (), ("tool_error",)]
+    # The strict preset names the same step a repeated edit (threshold 3); its stop would be the 5th request.
+    assert decisions(agent, STRICT) == [(), (), (), ("tool_call",)]
+    body = requests(agent)[-1]
+    messages = ChatDialect.read(body).messages
+    state, _ = analyze(DEFAULT, messages)
+    (episode,) = episodes(DEFAULT, state)
+    assert messages[state.start - 1].text == "fix the bug in calc.py"
+    assert messages[episode.place - 1].text.startswith("# 1 SEARCH/REPLACE block failed to match!")
+
+
+def test_cline_under_the_strict_preset_is_stopped_before_its_own_guard():
+    # Warned once at the 3rd failed read (as a repeated call: threshold 3), the 5th request is refused; Cline's
+    # own guard would only have stopped it after the 5th call.
+    assert decisions("cline", STRICT) == [(), (), (), ("tool_call",), ("stop", "tool_call")]
+
+
+def test_aider_run_in_a_git_repository_that_goes_well_is_clean():
+    # The edit applied and committed (`I committed the changes with git hash ... & commit msg: ...` / `Ok.`),
+    # then the person's second message. Between them Aider asks its weak model for the commit message.
+    bodies = requests("aider-git-benign")
+    for body in bodies:
+        state, _ = analyze(DEFAULT, ChatDialect.read(body).messages)
+        assert episodes(DEFAULT, state) == []
+    messages = ChatDialect.read(bodies[-1]).messages
+    assert messages[state.start - 1].text == "is it fixed now?"
+    assert first_prompt(messages) == "fix the bug in calc.py"
+
+
+@pytest.mark.parametrize("agent", ["aider-git", "aider-examples"])
+def test_one_aider_run_is_one_session_titled_by_the_persons_prompt(agent):
+    # Aider's example conversation is no person's prompt, and the reminder it appends to the first request's
+    # prompt (for a model without settings) is not in the later requests: both are left out of the fingerprint.
+    prompts = {first_prompt(ChatDialect.read(body).messages) for body in requests(agent)}
+    assert prompts == {"fix the bug in calc.py"}
+    assert len({session_of({}, ChatDialect.read(body).messages, "t") for body in requests(agent)}) == 1
+
+
+def test_aiders_commit_message_request_is_a_conversation_of_its_own():
+    # Without a session header the weak model's commit-message request (2 messages, gpt-4o-mini) has a
+    # fingerprint of its own; the run's conversation is still one session.
+    bodies = requests("aider-git-benign")
+    assert [body["model"] for body in bodies] == ["gpt-4o", "gpt-4o-mini", "gpt-4o"]
+    run = {session_of({}, ChatDialect.read(body).messages, "t") for body in (bodies[0], bodies[2])}
+    assert len(run) == 1 and session_of({}, ChatDialect.read(bodies[1]).messages, "t") not in run

@@ -3,6 +3,8 @@ agents sent them, and loops of the shapes real agents make, through the proxy.""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import aiohttp
@@ -13,6 +15,9 @@ from tests.agent import Agent
 from tests.fake_upstream import Turn
 
 AGENTS = Path(__file__).parent / "fixtures" / "agents"
+# The headers each agent sent with every request of its run (credentials and the connection's own left out):
+# as installed, and with the setting that names it (README: Agents it reads).
+HEADERS = json.loads((AGENTS / "headers.json").read_text())
 
 
 def warnings_in(body: dict) -> list[str]:
@@ -20,16 +25,33 @@ def warnings_in(body: dict) -> list[str]:
             if isinstance(m.get("content"), str) and m["content"].startswith("[loopwarden]")]
 
 
-async def send_run(proxy, agent: str) -> list[tuple[int, str]]:
+async def send_run(proxy, agent: str, headers: dict | None = None) -> list[tuple[int, str]]:
     """Every captured request of the run, in order: (status, session id) of each answer."""
     answers = []
     async with aiohttp.ClientSession() as client:
         for line in (AGENTS / f"{agent}.jsonl").read_bytes().splitlines():
             async with client.post(f"{proxy.url}/chat/completions", data=line,
-                                   headers={"Authorization": "Bearer k", "Content-Type": "application/json"}) as r:
+                                   headers={**(headers or {}), "Authorization": "Bearer k",
+                                            "Content-Type": "application/json"}) as r:
                 await r.read()
                 answers.append((r.status, r.headers.get("X-Loopwarden-Session", "")))
     return answers
+
+
+async def logged(proxy, detections: int) -> tuple[list[tuple], list[tuple]]:
+    """The sessions (id, agent, title) and detections (type, action, episode, turn) the client's key sees, once
+    the expected detections are written."""
+    async with aiohttp.ClientSession(headers={"Authorization": "Bearer k"}) as client:
+        for _ in range(100):
+            async with client.get(f"{proxy.root}/loopwarden/api/detections") as r:
+                found = (await r.json())["data"] if r.status == 200 else []
+            if len(found) >= detections:
+                break
+            await asyncio.sleep(0.1)
+        async with client.get(f"{proxy.root}/loopwarden/api/sessions") as r:
+            sessions = (await r.json())["data"]
+    return ([(s["session_id"], s["agent"], s["title"]) for s in sessions],
+            [(d["type"], d["action"], d["episode"], d["turn"]) for d in reversed(found)])
 
 
 async def test_aider_run_is_one_session_and_its_third_failed_edit_is_warned(upstream, proxy):
@@ -40,6 +62,56 @@ async def test_aider_run_is_one_session_and_its_third_failed_edit_is_warned(upst
     last = upstream.chat_requests[-1]["messages"]
     at = next(i for i, m in enumerate(last) if str(m.get("content")).startswith("[loopwarden]"))
     assert last[at - 1]["content"].startswith("# 1 SEARCH/REPLACE block failed to match!")
+
+
+@pytest.mark.parametrize(("headers", "agent"),
+                         [("aider", "OpenAI SDK (Python) 2.20.0"), ("aider-named", "Aider 0.86.2")])
+async def test_aider_run_in_a_git_repository_is_one_session_named_and_warned(upstream, proxy, headers, agent):
+    # Aider 0.86.2 in a git repository, its edit failing to match three times. Aider sends only its SDK's
+    # headers; its `aider/extra_params` setting with a User-Agent names it.
+    answers = await send_run(proxy, "aider-git", HEADERS[headers])
+    assert [status for status, _ in answers] == [200] * 4
+    sessions, detections = await logged(proxy, 1)
+    assert sessions == [(answers[0][1], agent, "fix the bug in calc.py")]
+    assert detections == [("tool_error", "warned", 1, 3)]
+    assert [len(warnings_in(body)) for body in upstream.chat_requests] == [0, 0, 0, 1]
+
+
+async def test_aider_run_with_its_examples_and_reminder_is_one_session_titled_by_the_prompt(upstream, proxy):
+    # A model Aider has no settings for: its example conversation opens every request, and its reminder is
+    # appended to the newest message only.
+    answers = await send_run(proxy, "aider-examples", HEADERS["aider"])
+    sessions, detections = await logged(proxy, 1)
+    assert len({session for _, session in answers}) == 1
+    assert [title for _, _, title in sessions] == ["fix the bug in calc.py"]
+    assert detections == [("tool_error", "warned", 1, 3)]
+
+
+async def test_aider_under_the_strict_preset_is_warned_at_its_last_request(upstream, proxy_factory):
+    # Aider's own limit (3 reflections) ends the run at the request that carries the warning, whatever the preset.
+    proxy = await proxy_factory(upstream.url, preset="strict")
+    answers = await send_run(proxy, "aider-git", HEADERS["aider"])
+    assert [status for status, _ in answers] == [200] * 4
+    _, detections = await logged(proxy, 1)
+    assert detections == [("tool_call", "warned", 1, 3)]
+
+
+@pytest.mark.parametrize(("headers", "agent"), [("cline", "Cline"), ("cline-named", "Cline 3.0.65")])
+async def test_cline_run_is_one_session_named_and_warned_as_tool_error(upstream, proxy, headers, agent):
+    # Cline CLI 3.0.65 sends no version of its own; its provider's `headers` setting with a User-Agent names it.
+    answers = await send_run(proxy, "cline", HEADERS[headers])
+    assert [status for status, _ in answers] == [200] * 5
+    sessions, detections = await logged(proxy, 2)
+    assert sessions == [(answers[0][1], agent, "read the settings in config/settings.json and summarise them")]
+    assert detections == [("tool_error", "warned", 1, 3), ("tool_error", "warned", 2, 4)]
+
+
+async def test_cline_under_the_strict_preset_is_stopped_before_its_own_guard(upstream, proxy_factory):
+    proxy = await proxy_factory(upstream.url, preset="strict")
+    answers = await send_run(proxy, "cline", HEADERS["cline"])
+    assert [status for status, _ in answers] == [200, 200, 200, 200, 400]
+    _, detections = await logged(proxy, 2)
+    assert detections == [("tool_call", "warned", 1, 3), ("tool_call", "stopped", 2, 4)]
 
 
 async def test_cline_error_array_is_warned(upstream, proxy):

@@ -249,3 +249,39 @@ def test_a_short_nudge_is_the_harness_from_its_repeat_on_and_its_first_time_a_pe
     state, _ = analyze(DEFAULT, chat("Fix the parser.", [(reply, "go on")] * 3))
     # The first `go on` opened a task (a person may say it); its repeats are the harness answering in it.
     assert state.start == 4 and state.turns == 2
+
+
+REMINDER = ("# *SEARCH/REPLACE block* Rules:\n\nEvery *SEARCH/REPLACE block* must use this format:\n"
+            "1. The *FULL* file path alone on a line, verbatim.\n")
+AIDER_SYSTEM = "Act as an expert software developer.\n\nTake requests for changes to the supplied code.\n" + REMINDER
+
+
+def test_aiders_reminder_is_cut_from_the_message_it_was_appended_to():
+    from proxy.detect.text_steps import without_reminder
+    assert without_reminder("fix the bug in a.py\n\n" + REMINDER, AIDER_SYSTEM) == "fix the bug in a.py"
+    assert without_reminder(AIDER_FAILED + "\n\n" + REMINDER, AIDER_SYSTEM) == AIDER_FAILED
+    # Nothing is cut without the system message's own closing part after a blank line.
+    assert without_reminder("fix the bug in a.py", AIDER_SYSTEM) == "fix the bug in a.py"
+    assert without_reminder("fix it\n\n" + REMINDER.upper(), AIDER_SYSTEM) == "fix it\n\n" + REMINDER.upper()
+    assert without_reminder("fix it\n" + REMINDER, AIDER_SYSTEM) == "fix it\n" + REMINDER
+    assert without_reminder("thanks\n\nOk.", "You are helpful.\n\nOk.") == "thanks\n\nOk."  # too short to be one
+
+
+def test_aider_failures_are_one_error_though_the_newest_carries_the_reminder():
+    messages = chat("Strip the value.", [(AIDER_EDIT, AIDER_FAILED)] * 3)
+    messages[0]["content"] = AIDER_SYSTEM
+    messages[-1]["content"] += "\n\n" + REMINDER
+    assert kinds(messages) == [(1, "tool_error", False)]
+
+
+def test_aiders_example_conversation_is_no_persons_prompt():
+    from proxy.detect.text_steps import person_text
+    texts = ["Change get_factorial() to use math.factorial", "Refactor hello() into its own file.",
+             "I switched to a new code base. Please don't consider the above files or try to edit them any longer.",
+             "Here are summaries of some files present in my git repository.\ncalc.py",
+             "I have *added these files to the chat* so you can go ahead and edit them.\n\ncalc.py",
+             "fix the bug in calc.py\n\n" + REMINDER]
+    assert person_text(texts, AIDER_SYSTEM) == "fix the bug in calc.py"
+    assert person_text(texts[3:], AIDER_SYSTEM) == "fix the bug in calc.py"
+    assert person_text(["Change get_factorial() to use math.factorial", "fix it"]) == \
+        "Change get_factorial() to use math.factorial"  # without the note closing them, they are a person's

@@ -31,12 +31,14 @@ from proxy.detect.text_steps import (
     read_actions,
     task_text,
     trajectory,
+    without_reminder,
 )
 from proxy.detect.tools import ERROR_REPEATS, Call, ToolFinding, ToolTracker, is_edit
 from proxy.conversation import (  # noqa: F401 (the prefixes are the engine's vocabulary too)
     ASSISTANT,
     CUT_NOTICE_PREFIX,
     INJECTED_PREFIX,
+    SYSTEM,
     TOOL,
     USER,
     Message,
@@ -274,15 +276,26 @@ def _harness_key(text: str) -> bytes:
     return digest(harness_form(text))
 
 
+def system_text(messages: Sequence[Message]) -> str:
+    """The conversation's system message (the first; it opens the conversation)."""
+    for k in range(min(len(messages), 2)):
+        if messages[k].role in (SYSTEM, "developer"):
+            return messages[k].text
+    return ""
+
+
 def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) -> tuple[list[Call], int]:
     """An assistant message without native tool calls: the steps it acts in text, and where the messages
     that answer it end. A user message that is the harness talking (an observation, or the same text that
-    answered the assistant before in this task) is part of the step, not a new task."""
+    answered the assistant before in this task) is part of the step, not a new task. An observation is read
+    without the reminder the agent appended to the newest one (so it compares with the same observation in
+    the earlier messages, which the agent sends without it)."""
     at = _user_answer(messages, j)
     actions = read_actions(text)
     if at is not None:
         answer = messages[at].text
         if actions and is_observation(answer):
+            answer = without_reminder(answer, system_text(messages))
             observation, failed = observation_text(answer), observation_failed(answer)
             return [text_call(action, observation, failed) for action in actions], at + 1
         if state.harness and _harness_key(answer) in state.harness:

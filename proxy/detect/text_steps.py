@@ -11,6 +11,7 @@ the same steps a native tool call and its result make. Pure code, no I/O.
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from typing import NamedTuple
 
@@ -175,20 +176,38 @@ def observation_text(text: str) -> str:
 
 # -- what agents write themselves ------------------------------------------------------------------------
 # Messages an agent records in the conversation on its own, in a person's place or the model's: never a
-# person's new task, never the model's output. Aider writes `I updated the files.` after every edit (failed or
-# not) and records the model's `Ok.`; it puts its file-context message (and its repository map, its read-only
-# files) with a recorded reply just before the newest user message. Qwen Code opens with its environment.
+# person's new task, never the model's output. After every reply that holds an edit (failed or not) Aider
+# writes a note and records the model's `Ok.`: outside a git repository `I updated the files.`; in one (its
+# default) `I committed the changes with git hash ...` when an edit was applied and committed, else `I didn't
+# see any properly formatted edits in your reply?!` (every edit failed to match, or auto-commits are off). It
+# puts its file-context message (or, with no file in the chat, the note that says so), its repository map and
+# its read-only files, each with a recorded reply, just before the newest user message. For models whose
+# examples it does not put in the system message, it opens with its example conversation as user and assistant
+# messages, closed by `I switched to a new code base. ...` and `Ok.`; for those models it also appends the
+# closing part of its system message (`# *SEARCH/REPLACE block* Rules: ...`) to the newest user message, and
+# only in the request that is newest. Qwen Code opens with its environment.
+
+_EXAMPLES_END = "I switched to a new code base."
+_EXAMPLES_READ = 12  # the user messages an example conversation may take
+_REMINDER_LENGTH = 64  # the least of a system message's closing part taken for a reminder
 
 _OWN_PREAMBLES = (
     "I have *added these files to the chat*",  # Aider's file-context message
+    "I am not sharing any files that you can edit yet.",  # Aider's, with no file in the chat
+    "Don't try and edit any existing code without asking me to add the files to the chat!",  # the same, with a map
     "Here are summaries of some files present in my git repository.",  # Aider's repository map
     "Here are some READ ONLY files, provided for your reference.",  # Aider's read-only files
     "This is the Qwen Code. We are setting up the context for our chat.",  # Qwen Code's environment
+    "I committed the changes with git hash ",  # Aider's note after an edit it committed
+    _EXAMPLES_END,  # Aider's, closing its example conversation
 )
-_OWN_NOTES = frozenset({"I updated the files.", "I switched to a new code base."})  # Aider's after an edit
+_OWN_NOTES = frozenset({  # Aider's after an edit
+    "I updated the files.", "I didn't see any properly formatted edits in your reply?!"})
 _OWN_REPLIES = frozenset({
     "Ok.", "Ok, any changes I propose will be to those files.",
-    "Ok, I won't try and edit those files without asking first.", "Got it. Thanks for the context!"})
+    "Ok, I won't try and edit those files without asking first.", "Ok, I will use these files as references.",
+    "Ok, based on your requests I will suggest which files need to be edited and then stop and wait for your "
+    "approval.", "Got it. Thanks for the context!"})
 
 
 def is_agent_preamble(text: str) -> bool:
@@ -203,10 +222,45 @@ def is_agent_reply(text: str) -> bool:
     return text.strip() in _OWN_REPLIES
 
 
-def person_text(texts) -> str:
-    """The first of a conversation's user texts that a person wrote (the agent's own preambles skipped), as
-    names a task: DSPy's fields before its trajectory."""
-    return task_text(next((text for text in texts if not is_agent_preamble(text)), ""))
+def person_text(texts, system: str = "") -> str:
+    """The first of a conversation's user texts that a person wrote (the agent's own preambles skipped, and an
+    example conversation the agent opens with; the reminder it appends to the newest message cut), as names a
+    task: DSPy's fields before its trajectory."""
+    texts = iter(texts)
+    opening = []
+    for text in texts:
+        if text.lstrip().startswith(_EXAMPLES_END):
+            opening = []  # what came before were the agent's examples
+            break
+        opening.append(text)
+        if len(opening) == _EXAMPLES_READ:
+            break
+    first = next((text for text in itertools.chain(opening, texts) if not is_agent_preamble(text)), "")
+    return task_text(without_reminder(first, system))
+
+
+def without_reminder(text: str, system: str) -> str:
+    """A user message without the reminder an agent appended to it: a copy of its system message's closing
+    part after a blank line (Aider's `# *SEARCH/REPLACE block* Rules: ...`, for models that take it in the
+    newest user message). The message then reads the same in the request that carried the reminder and in the
+    later ones, which do not."""
+    if not system or len(text) <= _REMINDER_LENGTH or not system.endswith(text[-_REMINDER_LENGTH:]):
+        return text
+    low, high = _REMINDER_LENGTH, min(len(text), len(system))  # the longest common ending, by bisection
+    while low < high:
+        middle = (low + high + 1) // 2
+        if system.endswith(text[-middle:]):
+            low = middle
+        else:
+            high = middle - 1
+    common = len(text) - low  # where the common ending begins: the blank line before the reminder is there
+    at = text.find("\n\n", max(0, common - 2), common + 2)
+    if at < 0:
+        return text
+    end = at + 2
+    while end < len(text) and text[end] == "\n":
+        end += 1  # the blank line is the run's last two newlines: the message's own end before them stays
+    return text[:end - 2] if len(text) - end >= _REMINDER_LENGTH else text
 
 
 # -- DSPy's ReAct: the trajectory inside one user message ------------------------------------------------
