@@ -56,8 +56,16 @@ _ERROR_CODES = {400: "invalid_body", 404: "not_found", 408: "request_timeout", 4
 
 
 @web.middleware
-async def openai_errors(request: web.Request, handler) -> web.StreamResponse:
-    """Every error the proxy itself gives is in the OpenAI shape, never HTML or a traceback."""
+async def served(request: web.Request, handler) -> web.StreamResponse:
+    """Every answer counted by route and status; and every error the proxy itself gives in the OpenAI shape,
+    never HTML or a traceback. (One middleware: each one is a coroutine more on every request.)"""
+    response = await _openai_errors(request, handler)
+    resource = request.match_info.route.resource
+    request.app[METRICS].served(resource.canonical if resource else "unmatched", response.status)
+    return response
+
+
+async def _openai_errors(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except web.HTTPRequestEntityTooLarge:
@@ -450,14 +458,6 @@ async def _body(request: web.Request, limit: int) -> AsyncIterator[bytes]:
         yield chunk
 
 
-@web.middleware
-async def count_requests(request: web.Request, handler) -> web.StreamResponse:
-    response = await handler(request)
-    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
-    request.app[METRICS].requests.labels(route, str(response.status)).inc()
-    return response
-
-
 async def metrics_page(request: web.Request) -> web.Response:
     metrics = request.app[METRICS]
     return web.Response(body=metrics.render(), headers={"Content-Type": metrics.content_type})
@@ -499,7 +499,7 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
 
 def create_app(settings: Settings) -> web.Application:
     logging.getLogger("aiohttp.server").addFilter(malformed_requests_in_one_line)  # once: the same function
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[count_requests, openai_errors],
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[served],
                           handler_args={"auto_decompress": False})  # request bodies relayed as they came
     metrics = Metrics()
     store = Store(settings.database_url, settings.log_buffer_size, on_drop=metrics.log_dropped.inc,

@@ -26,6 +26,7 @@ class Metrics:
         r = self.registry
         self.requests = Counter("loopwarden_requests", "Requests answered, by route and status",
                                 ["route", "status"], registry=r)
+        self._served: dict = {}  # (route, status) -> its labelled counter (routes are the app's; statuses few)
         self.upstream_latency = Histogram("loopwarden_upstream_latency_seconds",
                                           "Time until the upstream's response headers", buckets=_SLOW, registry=r)
         self.overhead = Histogram("loopwarden_proxy_overhead_seconds",
@@ -48,6 +49,14 @@ class Metrics:
         self.webhook_deliveries = Counter("loopwarden_webhook_deliveries",
                                           "Alerts to WEBHOOK_URL, by outcome (sent, failed after retries, dropped "
                                           "with the queue full)", ["outcome"], registry=r)
+
+    def served(self, route: str, status: int) -> None:
+        """Count one answer. The labelled child is looked up once per route and status, not per request."""
+        key = (route, status)
+        child = self._served.get(key)
+        if child is None:
+            child = self._served[key] = self.requests.labels(route, str(status))
+        child.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
