@@ -8,9 +8,10 @@ own headers do, so the agents come first, the SDKs after, and a bare User-Agent'
 from __future__ import annotations
 
 import re
-from typing import Callable, Mapping, NamedTuple
+from typing import Callable, Iterable, Mapping, NamedTuple
 
 from proxy.detect.normalize import mask
+from proxy.detect.text_steps import is_agent_preamble, task_text
 
 AGENT_LENGTH = 128  # the sessions table's column
 TITLE_LENGTH = 120
@@ -57,7 +58,8 @@ _GEMINI_CLI = re.compile(r"GeminiCLI(?:-[\w-]+)?/([^/\s]+)")
 _PRODUCTS = {"qwencode": "Qwen Code", "opencode": "OpenCode", "kilo-code": "Kilo Code", "cline": "Cline",
              "roo-code": "Roo Code", "continue": "Continue", "crush": "Crush", "goose": "Goose",
              "cursor": "Cursor", "windsurf": "Windsurf", "zed": "Zed", "aider": "Aider", "openhands": "OpenHands",
-             "amp": "Amp", "copilot": "GitHub Copilot", "githubcopilotchat": "GitHub Copilot Chat"}
+             "amp": "Amp", "copilot": "GitHub Copilot", "githubcopilotchat": "GitHub Copilot Chat",
+             "pydantic-ai": "Pydantic AI"}
 _PRODUCT = re.compile(r"([A-Za-z][\w.-]*)/(\S+)")
 _ANY_PRODUCT = re.compile(r"([^/\s]+)/(\S+)")
 # OpenRouter's attribution headers, which agents send under their own name.
@@ -119,7 +121,9 @@ _LANGUAGES = {"python": "Python", "js": "TypeScript", "node": "TypeScript", "go"
               "kotlin": "Kotlin", "ruby": "Ruby", "csharp": ".NET", "dotnet": ".NET", "php": "PHP", "rust": "Rust"}
 _ADK = re.compile(r"google-adk/(\S+)")
 _GENAI = re.compile(r"google-genai-sdk/(\S+)(?:.*?\bgl-(\w+)/)?")
-_AI_SDK = re.compile(r"ai-sdk/([\w-]+)/(\S+)")
+# `ai-sdk/openai/2.0.131` (AI SDK 5) or `ai-sdk-openai/4.0.118` (later releases); never the utilities package.
+_AI_SDK = re.compile(r"ai-sdk[/-](?!provider-utils/)([\w-]+)/(\S+)")
+_OPENAI_AGENTS = re.compile(r"Agents/(\w+) (\S+)")  # the OpenAI Agents SDK, on the OpenAI SDK's headers
 _STAINLESS_UA = re.compile(r"(\w+)/(\w+) (\S+)")  # OpenAI/Python 2.20.0, Anthropic/JS 0.60.0
 
 
@@ -134,6 +138,15 @@ def _google_genai(headers: Mapping[str, str], agent: str) -> Agent | None:
         return None
     language = _LANGUAGES.get((match.group(2) or "").lower(), "")
     return Agent(f"google-genai ({language})" if language else "google-genai", _version(match.group(1)))
+
+
+def _openai_agents(headers: Mapping[str, str], agent: str) -> Agent | None:
+    """The OpenAI Agents SDK: its own `Agents/Python 0.24.0` in front of the OpenAI SDK's `x-stainless-*`."""
+    match = _OPENAI_AGENTS.match(agent)
+    if match is None or not _header(headers, "x-stainless-lang"):
+        return None
+    language = _LANGUAGES.get(match.group(1).lower(), _printable(match.group(1), 16))
+    return Agent(f"OpenAI Agents SDK ({language})", _version(match.group(2)))
 
 
 def _ai_sdk(headers: Mapping[str, str], agent: str) -> Agent | None:
@@ -180,8 +193,8 @@ def _first_product(headers: Mapping[str, str], agent: str) -> Agent | None:
 
 # In order: the first reader that knows the request names its agent.
 READERS: tuple[Callable[[Mapping[str, str], str], Agent | None], ...] = (
-    _claude_code, _codex, _gemini_cli, _named_product, _titled, _cline, _adk, _google_genai, _ai_sdk, _stainless,
-    _first_product,
+    _claude_code, _codex, _gemini_cli, _named_product, _titled, _cline, _adk, _google_genai, _ai_sdk, _openai_agents,
+    _stainless, _first_product,
 )
 
 
@@ -208,6 +221,9 @@ def agent_name(headers: Mapping[str, str]) -> str | None:
 _LEADING_BLOCKS = re.compile(r"\A(?:\s*<(system-reminder|environment_context|user_instructions|ide_[\w-]+)>"
                              r".*?</\1>)+", re.DOTALL)
 
+# Context an agent appends to a person's words in the same message (Kilo Code's, Cline's, Roo Code's).
+_TRAILING_BLOCKS = re.compile(r"<environment_details>.*?</environment_details>", re.DOTALL)
+
 _ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[\x20-\x2f]*[\x40-\x7e]|\][^\x07\x1b]*(?:\x07|\x1b\\))")
 
 
@@ -216,8 +232,37 @@ def title_of(prompt: str) -> str | None:
     120 characters. None for an empty prompt."""
     if not prompt:
         return None
-    text = _ANSI.sub("", _LEADING_BLOCKS.sub("", prompt, count=1)[:_TITLE_READ])
+    text = _TRAILING_BLOCKS.sub("", _LEADING_BLOCKS.sub("", prompt, count=1)[:_TITLE_READ * 4])
+    text = _ANSI.sub("", text[:_TITLE_READ])
     text = _printable(mask(text).replace("\x00", "…"), _TITLE_READ)
     if len(text) > TITLE_LENGTH:
         text = text[:TITLE_LENGTH - 1].rstrip() + "…"
     return text or None
+
+
+# What agents write in a person's place before the person's prompt, in the first request of a session.
+_EXAMPLES_END = "I switched to a new code base."  # Aider: its example conversation ends with this note
+_TITLE_REQUEST = "Generate a title for this conversation:"  # OpenCode's and Kilo Code's title side request
+_QUOTED_PROMPT = re.compile(r"User messages, oldest to newest:\s*1\. (.+)")  # Kilo Code quotes the prompt in it
+
+
+def session_title(prompts: Iterable[str]) -> str | None:
+    """A session's title from the user texts of its first request, in order: the first a person wrote that has
+    a title. Passed over: an agent's own preamble (Aider's file-context message, Qwen Code's environment),
+    Aider's example conversation (every text up to the note that ends it), the instruction of a title request
+    (OpenCode's; in Kilo Code's, the person's first prompt quoted inside it is taken) and a text made only of
+    an agent's context (Codex CLI's `<environment_context>` message)."""
+    texts = list(prompts)
+    end = next((i for i, text in enumerate(texts) if text.lstrip().startswith(_EXAMPLES_END)), None)
+    for text in texts[end + 1:] if end is not None else texts:
+        if is_agent_preamble(text):
+            continue
+        if text.lstrip().startswith(_TITLE_REQUEST):
+            quoted = _QUOTED_PROMPT.search(text[:_TITLE_READ * 4])
+            if quoted is None:
+                continue
+            text = quoted.group(1)
+        title = title_of(task_text(text))
+        if title:
+            return title
+    return None

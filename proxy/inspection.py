@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import orjson
 
-from proxy.agents import agent_name, title_of
+from proxy.agents import agent_name, session_title
 from proxy.config import Settings
 from proxy.conversation import SYSTEM, USER, Chain, Conversation, Message, RequestError
 from proxy.detect.engine import (
@@ -222,7 +222,9 @@ class Inspector:
         self._message_counts.put(key, len(messages))
         facts = self.facts
         if facts is not None:  # the agent and title are read once per session and process: the first wins
-            agent, title = (agent_name(headers), title_of(first_prompt(messages))) if new_here else (None, None)
+            agent = title = None
+            if new_here:
+                agent, title = agent_name(headers), session_title(m.text for m in messages if m.role == USER)
             facts.session_seen(tenant, session_id, len(messages), model, agent, title)
         controls = facts.controls(tenant, session_id) if facts is not None else None
         if headers.get("X-Loopwarden-Disable", "").strip() in ("1", "true", "yes") or (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.agents import agent_name, agent_of, title_of
+from proxy.agents import agent_name, agent_of, session_title, title_of
 
 STAINLESS_PY = {"X-Stainless-Lang": "python", "X-Stainless-OS": "Linux", "X-Stainless-Arch": "x64",
                 "X-Stainless-Runtime": "CPython", "X-Stainless-Runtime-Version": "3.11.7"}
@@ -54,6 +54,19 @@ CAPTURED = [
     # An agent of its own on an SDK: its User-Agent names it; the SDK's headers alone name the SDK.
     ("MyAgent 1.2", {"User-Agent": "MyAgent/1.2", **STAINLESS_PY, "X-Stainless-Package-Version": "2.54.0"}),
     ("OpenAI SDK (Python) 2.54.0", {**STAINLESS_PY, "X-Stainless-Package-Version": "2.54.0"}),
+    # Later AI SDK releases write the provider package with a hyphen (Mastra 1.71 on @ai-sdk/openai 4.0.118).
+    ("AI SDK (openai) 4.0.118", {"User-Agent": "ai-sdk-openai/4.0.118 ai-sdk-provider-utils/5.0.81 node.js/v20.20.2"}),
+    ("OpenAI Agents SDK (Python) 0.24.0", {"User-Agent": "Agents/Python 0.24.0", **STAINLESS_PY,
+                                           "X-Stainless-Package-Version": "3.57.0",
+                                           "x-stainless-async": "async:asyncio"}),
+    ("Pydantic AI 2.66.0", {"User-Agent": "pydantic-ai/2.66.0", **STAINLESS_PY,
+                            "X-Stainless-Package-Version": "3.57.0"}),
+    ("OpenHands", {"User-Agent": "OpenAI/Python 2.54.0", **STAINLESS_PY, "X-Stainless-Package-Version": "2.54.0",
+                   "http-referer": "https://docs.all-hands.dev/", "x-title": "OpenHands",
+                   "x-litellm-session-id": "ae026fc9-d522-4e65-8852-4ed2bbcc3b8c"}),
+    # Continue with `requestOptions: {headers: {X-Title: Continue}}` in its model's config.
+    ("Continue", {"User-Agent": "ls/JS 5.23.2", **STAINLESS_JS, "x-stainless-package-version": "5.23.2",
+                  "x-title": "Continue"}),
     ("curl 8.5.0", {"User-Agent": "curl/8.5.0"}),
     ("python-httpx 0.28.1", {"User-Agent": "python-httpx/0.28.1"}),
 ]
@@ -98,3 +111,32 @@ def test_an_agents_reminders_before_the_prompt_are_not_the_title():
 def test_a_title_holds_no_control_characters():
     assert title_of("a\x01b\u2028c\td\x7f") == "a b c d"
     assert title_of("colour \x1b[31mred\x1b[0m here") == "colour red here"
+
+
+def test_context_an_agent_appends_to_the_prompt_is_not_the_title():
+    prompt = '"rename the loader"\n\n<environment_details>\nMessage time: 2026-11-24T12:49:57Z\n' \
+             'Working directory: /work/app\n</environment_details>'
+    assert title_of(prompt) == '"rename the loader"'
+
+
+def test_a_sessions_title_is_the_first_prompt_a_person_wrote():
+    """The user texts of first requests, as real agents sent them."""
+    # Codex CLI: its environment in a user message of its own, then the prompt.
+    codex = ["<environment_context>\n  <cwd>/work/app</cwd>\n  <shell>bash</shell>\n</environment_context>",
+             "Summarise the file notes.txt in one line"]
+    assert session_title(codex) == "Summarise the file notes.txt in one line"
+    # Aider: an example conversation ended by its note, its file-context message, then the prompt.
+    aider = ["Change the greeting to be more casual",
+             "I switched to a new code base. Please don't consider the above files or try to edit them any longer.",
+             "I have *added these files to the chat* so you can go ahead and edit them.\n\nnotes.txt\n```\n```",
+             "Set beta to 3 in notes.txt"]
+    assert session_title(aider) == "Set beta to 3 in notes.txt"
+    # OpenCode's title request (the same session header as its conversation, and sometimes first).
+    opencode = ["Generate a title for this conversation:\n", '"Summarise the file notes.txt in one line"']
+    assert session_title(opencode) == '"Summarise the file notes.txt in one line"'
+    # Kilo Code's title request quotes the first prompt inside its instruction.
+    kilo = ["Generate a title for this conversation:\n\nTitle the task, not the reference.\n\n"
+            'User messages, oldest to newest:\n1. "Read notes.txt and tell me alpha"\n\nWork done so far:\n- read']
+    assert session_title(kilo) == '"Read notes.txt and tell me alpha"'
+    assert session_title(["fix a.py", "now b.py"]) == "fix a.py"
+    assert session_title([]) is None and session_title(["<environment_context>x</environment_context>"]) is None
