@@ -11,7 +11,7 @@ import re
 from typing import Callable, Iterable, Mapping, NamedTuple
 
 from proxy.detect.normalize import mask
-from proxy.detect.text_steps import is_agent_preamble, task_text
+from proxy.detect.text_steps import is_agent_preamble, task_text, without_reminder
 
 AGENT_LENGTH = 128  # the sessions table's column
 TITLE_LENGTH = 120
@@ -246,12 +246,13 @@ _TITLE_REQUEST = "Generate a title for this conversation:"  # OpenCode's and Kil
 _QUOTED_PROMPT = re.compile(r"User messages, oldest to newest:\s*1\. (.+)")  # Kilo Code quotes the prompt in it
 
 
-def session_title(prompts: Iterable[str]) -> str | None:
+def session_title(prompts: Iterable[str], system: str = "") -> str | None:
     """A session's title from the user texts of its first request, in order: the first a person wrote that has
     a title. Passed over: an agent's own preamble (Aider's file-context message, Qwen Code's environment),
     Aider's example conversation (every text up to the note that ends it), the instruction of a title request
     (OpenCode's; in Kilo Code's, the person's first prompt quoted inside it is taken) and a text made only of
-    an agent's context (Codex CLI's `<environment_context>` message)."""
+    an agent's context (Codex CLI's `<environment_context>` message). The reminder an agent appends to the
+    newest message (the end of its `system` text, as Aider does) is cut."""
     texts = list(prompts)
     end = next((i for i, text in enumerate(texts) if text.lstrip().startswith(_EXAMPLES_END)), None)
     for text in texts[end + 1:] if end is not None else texts:
@@ -262,7 +263,7 @@ def session_title(prompts: Iterable[str]) -> str | None:
             if quoted is None:
                 continue
             text = quoted.group(1)
-        title = title_of(task_text(text))
+        title = title_of(task_text(without_reminder(text, system)))
         if title:
             return title
     return None
