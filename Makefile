@@ -6,6 +6,12 @@ AGENTS_VENV := .venv-agents
 AGENTS_STAMP := $(AGENTS_VENV)/.installed
 CLAUDE_CODE := @anthropic-ai/claude-code@2.1.330
 GEMINI_CLI := @google/gemini-cli@0.61.0
+# The reasoning-loop checks' clients (tests/agents/test_reasoning_clients.py): the Vercel AI SDK with its
+# OpenAI-compatible and Anthropic providers (zod is their peer), OpenCode, Qwen Code and Codex CLI.
+AI_SDK := ai@7.0.173 @ai-sdk/openai-compatible@3.0.92 @ai-sdk/anthropic@4.0.105 zod@4.6.7
+OPENCODE := opencode-ai@1.18.33
+QWEN_CODE := @qwen-code/qwen-code@0.24.4
+CODEX := @openai/codex@0.169.0
 
 .PHONY: serve test bench migrate clean agents-check chromium
 
@@ -40,19 +46,22 @@ chromium:
 			echo "chromium is missing and cannot be installed here (it needs root and apt-get): the page tests will not run"; \
 		fi; }
 
-# smolagents, LlamaIndex, DSPy, pydantic-ai, Google's ADK, the OpenAI Agents SDK, and Claude Code and Gemini CLI
-# (from npm, pinned) driven through loopwarden, in an environment of their own. The Agents SDK goes in last: it
-# wants a newer openai than LlamaIndex declares (which works). Those packages leave their HTTP clients open at
-# exit, hence the two warnings ignored here only.
-$(AGENTS_STAMP): pyproject.toml setup.py proxy/detect/_content.pyx
+# smolagents, LlamaIndex, DSPy, pydantic-ai, Google's ADK, the OpenAI Agents SDK, and Claude Code, Gemini CLI, the
+# Vercel AI SDK, OpenCode, Qwen Code and Codex CLI (from npm, pinned here: a new pin reinstalls) driven through
+# loopwarden, in an environment of their own. The Agents SDK goes in last: it wants a newer openai than LlamaIndex
+# declares (which works). Those packages leave their HTTP clients open at exit, hence the two warnings ignored
+# here only.
+$(AGENTS_STAMP): pyproject.toml setup.py proxy/detect/_content.pyx Makefile
 	test -x $(AGENTS_VENV)/bin/python || $(PYTHON) -m venv $(AGENTS_VENV)
 	$(AGENTS_VENV)/bin/pip install --quiet --upgrade pip
 	$(AGENTS_VENV)/bin/pip install --quiet -e '.[dev,agents]'
 	$(AGENTS_VENV)/bin/pip install --quiet 'openai-agents>=0.20'
 	@if command -v npm >/dev/null 2>&1; then \
 		mkdir -p $(AGENTS_VENV)/node && cd $(AGENTS_VENV)/node && \
-		npm install --silent --no-audit --no-fund $(CLAUDE_CODE) $(GEMINI_CLI); \
-	else echo "npm is missing: the Claude Code and Gemini CLI checks will not run (install Node.js and npm)"; fi
+		npm install --silent --no-audit --no-fund --save-exact $(CLAUDE_CODE) $(GEMINI_CLI) $(AI_SDK) $(OPENCODE) \
+			$(QWEN_CODE) $(CODEX); \
+	else echo "npm is missing: the checks of the npm clients (Claude Code, Gemini CLI, the AI SDK, OpenCode, Qwen Code," \
+		"Codex CLI) will not run (install Node.js and npm)"; fi
 	touch $@
 
 agents-check: $(AGENTS_STAMP)
