@@ -507,12 +507,12 @@ def test_the_environment_can_force_the_plain_matcher():
                                        ["--set", "content_chunk_size=8", "--set", "content_loop_threshold=3"]],
                          ids=["defaults", "chunk 8, threshold 2", "chunk 8, threshold 3"])
 def test_replay_of_the_real_run_corpus_is_the_same_with_either_matcher(settings_):
-    # The real runs in tests/corpus (1.9 MB of agents' text); the smallest chunk and threshold make the content
+    # The real runs in tests/corpus (3 MB of agents' text); the smallest chunk and threshold make the content
     # layer find dozens of chants there, the defaults none.
     command = ["-m", "proxy", "replay", "tests/corpus", "--format", "json", *settings_]
     compiled, pure = _run(command, pure=False), _run(command, pure=True)
     assert compiled.returncode == pure.returncode == 0, compiled.stderr + pure.stderr
     assert compiled.stdout == pure.stdout
-    assert '"conversations": 14' in compiled.stdout
+    assert '"conversations": 29' in compiled.stdout
     if settings_:
         assert '"type": "content"' in compiled.stdout
