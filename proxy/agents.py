@@ -209,9 +209,19 @@ def agent_of(headers: Mapping[str, str]) -> Agent | None:
     return None
 
 
-def agent_name(headers: Mapping[str, str]) -> str | None:
-    """The agent as the sessions table keeps it: `Claude Code 2.1.330`."""
+# Agents that send only their SDK's headers, told by the system prompt they send (its rules for edits).
+_SYSTEM_MARKS = (("*SEARCH/REPLACE block* Rules", "Aider"),)
+
+
+def agent_name(headers: Mapping[str, str], system: str = "") -> str | None:
+    """The agent as the sessions table keeps it: `Claude Code 2.1.330`. An agent whose headers name only the
+    SDK it is built on is named by its system prompt where that is its own (Aider's: no version, as it sends
+    none)."""
     found = agent_of(headers)
+    if (found is None or found.name.startswith("OpenAI SDK")) and system:
+        agent = next((name for mark, name in _SYSTEM_MARKS if mark in system), None)
+        if agent is not None:
+            found = Agent(agent)
     return str(found)[:AGENT_LENGTH] if found is not None else None
 
 

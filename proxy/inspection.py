@@ -224,8 +224,9 @@ class Inspector:
         if facts is not None:  # the agent and title are read once per session and process: the first wins
             agent = title = None
             if new_here:
-                agent, title = agent_name(headers), session_title((m.text for m in messages if m.role == USER),
-                                                                  system_text(messages))
+                system = system_text(messages)
+                agent, title = agent_name(headers, system), session_title(
+                    (m.text for m in messages if m.role == USER), system)
             facts.session_seen(tenant, session_id, len(messages), model, agent, title)
         controls = facts.controls(tenant, session_id) if facts is not None else None
         if headers.get("X-Loopwarden-Disable", "").strip() in ("1", "true", "yes") or (

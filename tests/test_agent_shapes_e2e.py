@@ -65,7 +65,7 @@ async def test_aider_run_is_one_session_and_its_third_failed_edit_is_warned(upst
 
 
 @pytest.mark.parametrize(("headers", "agent"),
-                         [("aider", "OpenAI SDK (Python) 2.20.0"), ("aider-named", "Aider 0.86.2")])
+                         [("aider", "Aider"), ("aider-named", "Aider 0.86.2")])
 async def test_aider_run_in_a_git_repository_is_one_session_named_and_warned(upstream, proxy, headers, agent):
     # Aider 0.86.2 in a git repository, its edit failing to match three times. Aider sends only its SDK's
     # headers; its `aider/extra_params` setting with a User-Agent names it.
