@@ -64,10 +64,8 @@ def client_key(headers: Mapping[str, str]) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-@functools.lru_cache(maxsize=1024)
 def tenant_of(key: str) -> str:
-    """A short, one-way name for a client key: the key itself is never stored or logged. (A client sends its
-    key with every request: the last thousand keys' names are kept rather than hashed again.)"""
+    """A short, one-way name for a client key: the key itself is never stored or logged."""
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 

@@ -639,33 +639,31 @@ def episodes(config: DetectConfig, state: TaskState, *, plan_mode: bool = False,
         if trips:
             trips_at[finding.position] = (finding, trips)
     for chant in unseen:
-        if chant.task != state.key or plan_mode or not 0 < chant.turn <= len(state.turn_places):
-            continue
-        index, step, place = state.turn_places[chant.turn - 1]
-        if (index, step) in trips_at:
-            trips = trips_at[index, step][1]
-            if not any(kind == "content" for kind, _ in trips):
-                trips.append(("content", chant.detail))
-                trips.sort(key=lambda trip: TYPES.index(trip[0]))
-        else:
-            trips_at[index, step] = (Finding(index, place, chant.turn, [("content", chant.detail)], step=step),
-                                     [("content", chant.detail)])
+        if chant.task == state.key and not plan_mode and 0 < chant.turn <= len(state.turn_places):
+            _add_trip(trips_at, state, chant.turn - 1, ("content", chant.detail))
     for check in judge_checks:
-        if check.task != state.key or not check.is_loop(config.judge_confirm):
-            continue
         # The verdict is about the turns it saw; it counts on the next turn after them.
-        if check.turn < len(state.turn_places):
-            index, step, place = state.turn_places[check.turn]
+        if check.task == state.key and check.is_loop(config.judge_confirm) and check.turn < len(state.turn_places):
             detail = {"confidence": check.confidence, "analysis": excerpt(check.analysis, 300)}
-            if (index, step) in trips_at:
-                trips_at[index, step][1].append(("llm", detail))
-            else:
-                trips_at[index, step] = (Finding(index, place, check.turn + 1, [], step=step), [("llm", detail)])
+            _add_trip(trips_at, state, check.turn, ("llm", detail))
     result: list[Episode] = []
     for number, index in enumerate(sorted(trips_at), start=1):
         finding, trips = trips_at[index]
         result.append(episode_of(config, number, finding, trips, result[-1].type if result else None))
     return result
+
+
+def _add_trip(trips_at: dict, state: TaskState, turn_index: int, trip: tuple[str, dict]) -> None:
+    """A rule tripped outside the conversation the rules read (a judge's verdict, a chant in a whole answer's
+    reasoning), at the task's turn `turn_index` (from 0): beside that step's own trips, in SPEC order, once
+    per rule."""
+    index, step, place = state.turn_places[turn_index]
+    found = trips_at.get((index, step))
+    if found is None:
+        trips_at[index, step] = (Finding(index, place, turn_index + 1, [], step=step), [trip])
+    elif all(kind != trip[0] for kind, _ in found[1]):
+        found[1].append(trip)
+        found[1].sort(key=lambda each: TYPES.index(each[0]))
 
 
 @dataclass

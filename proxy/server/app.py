@@ -21,7 +21,7 @@ from proxy.server import admin
 from proxy.server import guard as guard_module
 from proxy.server.metrics import Metrics
 from proxy.server.telemetry import Telemetry
-from proxy.inspection import Incoming, Stop, Tap
+from proxy.inspection import Forward, Incoming, Stop, Tap
 from proxy.server.upstream import (
     UpstreamFailure,
     climbs,
@@ -180,8 +180,7 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
                 raise
             raise _read_failure(exc) from exc
         if isinstance(body, list):  # too large to inspect: relayed as it comes, unread
-            log.warning("an answer of more than %d bytes on %s was relayed uninspected (session %s)",
-                        INSPECTED_ANSWER_BYTES, request.path, verdict.headers.get("X-Loopwarden-Session"))
+            _uninspected(request, verdict, "")
             return await _relay_body(request, upstream, response_headers, body)
         if upstream.status != 200:
             if span is not None:
@@ -189,8 +188,7 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
             return _upstream_error(upstream.status, body, response_headers)
         readable = _decoded(body, encoding, INSPECTED_ANSWER_BYTES)
         if readable is not None and len(readable) > INSPECTED_ANSWER_BYTES:  # compressed, and too large unpacked
-            log.warning("an answer of more than %d bytes unpacked on %s was relayed uninspected (session %s)",
-                        INSPECTED_ANSWER_BYTES, request.path, verdict.headers.get("X-Loopwarden-Session"))
+            _uninspected(request, verdict, " unpacked")
             readable = None
         if readable is not None:
             try:
@@ -206,6 +204,11 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
             if span is not None:
                 Telemetry.answered(span, verdict.headers, request_id, 200, answer)
         return web.Response(status=200, body=body, headers=response_headers)
+
+
+def _uninspected(request: web.Request, verdict: Forward, unpacked: str) -> None:
+    log.warning("an answer of more than %d bytes%s on %s was relayed uninspected (session %s)",
+                INSPECTED_ANSWER_BYTES, unpacked, request.path, verdict.headers.get("X-Loopwarden-Session"))
 
 
 async def _answer(upstream: aiohttp.ClientResponse) -> bytes | list[bytes]:

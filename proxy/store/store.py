@@ -255,9 +255,7 @@ class Store:
     async def check_counts(self) -> bool:
         """Rebuild the overview's counts when they do not match the detections. True when rebuilt. While it
         rebuilds, what is reported from the counts says it is not complete."""
-        async with self.engine.connect() as connection:
-            rows, counted = await rollup.consistent(connection)
-        self._complete = (asyncio.get_running_loop().time(), rows == counted)
+        rows, counted = await self._look_at_counts()
         if rows == counted:
             return False
         log.warning("overview counts hold %d of %d detections: rebuilding them from the log", counted, rows)
@@ -271,23 +269,28 @@ class Store:
 
     async def counts_complete(self) -> bool:
         """Whether the overview's counts hold every detection (False while this replica rebuilds them, or while
-        they did not match the log when last checked). The check counts the log's rows, which takes a while on a
-        large one: it is made at most every COMPLETE_FOR seconds, in the background, and meanwhile the last
-        answer stands; only the very first is waited for."""
+        they did not match the log when last looked at). Looking counts the log's rows, which takes a while on a
+        large one: it is done at most every COMPLETE_FOR seconds, in the background, and meanwhile the last
+        answer stands; only the very first look is waited for."""
         if self._rebuilding:
             return False
         if self._complete is None:
-            await self._check_complete()
+            await self._look_at_counts()
         elif asyncio.get_running_loop().time() - self._complete[0] >= COMPLETE_FOR and self._checking is None:
-            self._checking = asyncio.get_running_loop().create_task(self._check_complete(),
+            self._checking = asyncio.get_running_loop().create_task(self._look_in_background(),
                                                                   name="loopwarden-counts-check")
         return self._complete is not None and self._complete[1] and not self._rebuilding
 
-    async def _check_complete(self) -> None:
+    async def _look_at_counts(self) -> tuple[int, int]:
+        """(detections in the log, detections counted), remembered as whether the counts are whole."""
+        async with self.engine.connect() as connection:
+            rows, counted = await rollup.consistent(connection)
+        self._complete = (asyncio.get_running_loop().time(), rows == counted)
+        return rows, counted
+
+    async def _look_in_background(self) -> None:
         try:
-            async with self.engine.connect() as connection:
-                rows, counted = await rollup.consistent(connection)
-            self._complete = (asyncio.get_running_loop().time(), rows == counted)
+            await self._look_at_counts()
         except Exception as exc:  # the database away: the last answer stands, the next call tries again
             log.debug("overview counts check failed: %s", exc)
         finally:

@@ -11,10 +11,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.agents import REQUIRE_AGENTS
 from tests.agents.scripted_upstream import responder
 
 CLAUDE = Path(__file__).parents[2] / ".venv-agents" / "node" / "node_modules" / ".bin" / "claude"
-pytestmark = pytest.mark.skipif(not CLAUDE.exists() and os.environ.get("CI") != "true",
+pytestmark = pytest.mark.skipif(not CLAUDE.exists() and not REQUIRE_AGENTS,
                                 reason="Claude Code is not installed (make agents-check installs it with npm)")
 
 

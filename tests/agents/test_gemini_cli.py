@@ -14,11 +14,12 @@ import aiohttp
 import orjson
 import pytest
 
+from tests.agents import REQUIRE_AGENTS
 from tests.fake_upstream import Turn
 from tests.test_log_api import wait_for
 
 GEMINI = Path(__file__).parents[2] / ".venv-agents" / "node" / "node_modules" / ".bin" / "gemini"
-pytestmark = pytest.mark.skipif(not GEMINI.exists() and os.environ.get("CI") != "true",
+pytestmark = pytest.mark.skipif(not GEMINI.exists() and not REQUIRE_AGENTS,
                                 reason="Gemini CLI is not installed (make agents-check installs it with npm)")
 
 CALC = "def add(a, b):\n    return a - b\n"

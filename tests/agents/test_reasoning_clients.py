@@ -18,13 +18,13 @@ import aiohttp
 import orjson
 import pytest
 
+from tests.agents import REQUIRE_AGENTS
 from tests.fake_upstream import Turn
 
 ROOT = Path(__file__).parents[2]
 NODE_DIR = ROOT / ".venv-agents" / "node"
 BIN = NODE_DIR / "node_modules" / ".bin"
 AI_SDK_SCRIPT = Path(__file__).parent / "ai_sdk_reasoning.mjs"
-REQUIRED = os.environ.get("CI") == "true" or os.environ.get("LOOPWARDEN_REQUIRE_AGENTS") == "1"
 
 SENTENCE = "Hmm, the second column adds up to nine, let me add it once more. "
 NOTICE = "\n\n[loopwarden] Output cut: the same text repeated 10 times in the reasoning."
@@ -39,7 +39,7 @@ def needs(*paths: Path, what: str) -> None:
         missing.insert(0, "node")
     if missing:
         message = f"{what} is not installed ({', '.join(missing)} missing): make agents-check installs it with npm"
-        if REQUIRED:
+        if REQUIRE_AGENTS:
             pytest.fail(message)
         pytest.skip(message)
 
