@@ -19,9 +19,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# The content layer's matcher is compiled (Cython) when a C compiler is at hand, so its source is part of the
-# install too (without a compiler the install succeeds and the plain Python matcher is used).
-$(STAMP): $(BIN)/python pyproject.toml setup.py proxy/detect/_content.pyx
+# The content layer's matcher and the request path's pure modules (proxy/compiled.py lists them) are compiled
+# (Cython) when a C compiler is at hand, so their sources are part of the install too: an edit rebuilds (without
+# a compiler the install succeeds and the plain Python runs).
+COMPILED_SOURCES := $(shell grep -o '"proxy\.[a-z_.]*"' proxy/compiled.py | tr -d '"' | sed 's|\.|/|g; s|$$|.py|')
+$(STAMP): $(BIN)/python pyproject.toml setup.py proxy/detect/_content.pyx proxy/compiled.py $(COMPILED_SOURCES)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
@@ -50,11 +52,12 @@ chromium:
 # Vercel AI SDK, OpenCode, Qwen Code and Codex CLI (from npm, pinned here: a new pin reinstalls) driven through
 # loopwarden, in an environment of their own. The Agents SDK goes in last: it wants a newer openai than LlamaIndex
 # declares (which works). Those packages leave their HTTP clients open at exit, hence the two warnings ignored
-# here only.
+# here only. The request path's modules compiled for the main environment (the same source tree) serve this one
+# too: they are not built twice.
 $(AGENTS_STAMP): pyproject.toml setup.py proxy/detect/_content.pyx Makefile
 	test -x $(AGENTS_VENV)/bin/python || $(PYTHON) -m venv $(AGENTS_VENV)
 	$(AGENTS_VENV)/bin/pip install --quiet --upgrade pip
-	$(AGENTS_VENV)/bin/pip install --quiet -e '.[dev,agents]'
+	LOOPWARDEN_NO_EXTENSIONS=1 $(AGENTS_VENV)/bin/pip install --quiet -e '.[dev,agents]'
 	$(AGENTS_VENV)/bin/pip install --quiet 'openai-agents>=0.20'
 	@if command -v npm >/dev/null 2>&1; then \
 		mkdir -p $(AGENTS_VENV)/node && cd $(AGENTS_VENV)/node && \
@@ -73,4 +76,5 @@ bench: $(STAMP)
 	$(BIN)/python bench/detect.py
 
 clean:
-	rm -rf $(VENV) $(AGENTS_VENV) *.egg-info .pytest_cache build proxy/detect/_content.c proxy/detect/*.so
+	rm -rf $(VENV) $(AGENTS_VENV) *.egg-info .pytest_cache build
+	find proxy -name '*.so' -o -name '*.so.source' -o -name '*.c' | xargs rm -f

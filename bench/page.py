@@ -34,7 +34,7 @@ from outage import fresh_postgres_database  # noqa: E402
 from overhead import free_port  # noqa: E402
 
 from proxy.store.database import run_migrations  # noqa: E402
-from proxy.store.writer import LogWriter, SessionSeen, utcnow  # noqa: E402
+from proxy.store.writer import LogWriter, utcnow  # noqa: E402
 
 TYPES = ["tool_call", "tool_cycle", "tool_error", "content", "llm"]
 MODELS = ["gpt-test", "claude-test", "qwen-test"]
@@ -58,7 +58,7 @@ async def seed(url: str, rows: int) -> None:
                                                    "repeats": 5, "result": "def main(): ..."},
             "request_id": None, "tokens_saved_estimate": 100, "episode_key": f"bench-{n}"})
         if n < 2000:
-            writer.session_seen(SessionSeen("bench", session, 40, "gpt-test"))
+            writer.session_seen("bench", session, 40, "gpt-test")
     await writer.close(60)
 
 

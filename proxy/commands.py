@@ -13,6 +13,7 @@ import orjson
 from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
+from proxy import compiled
 from proxy.config import FIELDS, Settings
 from proxy.detect.engine import DetectConfig
 from proxy.loops import loop_name
@@ -210,7 +211,7 @@ def describe_config(settings, sources: dict[str, str]) -> str:
             value = ",".join(sorted(value)) or ""
         rows.append({"setting": name.upper(), "value": "" if value is None else str(value), "from": sources[name]})
     out = _table(["setting", "value", "from"], rows, empty="")
-    out += f"\n\nevent loop: {loop_name(settings.event_loop)}"
+    out += f"\n\nevent loop: {loop_name(settings.event_loop)}\nrequest path: {compiled.describe()}"
     policies = settings.policies.describe()
     return out + "\n\npolicies\n" + ("\n".join(f"  {line}" for line in policies) if policies else "  (none)")
 

@@ -18,7 +18,7 @@ import orjson
 
 from proxy.agents import agent_name, session_title
 from proxy.config import Settings
-from proxy.conversation import SYSTEM, USER, Chain, Conversation, Message, RequestError
+from proxy.conversation import USER, Chain, Conversation, Message, RequestError
 from proxy.detect.engine import (
     RECOVERY_TURNS,
     Decision,
@@ -53,6 +53,7 @@ CACHED_SESSIONS = 4096
 MODEL_POLICIES = 256  # models whose settings are kept resolved
 UNSEEN_PER_SESSION = 8  # chants in whole answers' reasoning remembered per session
 DEFAULT_COMPLETION_TOKENS = 4096
+_NO_MODES: frozenset[str] = frozenset()
 MODEL_CHARS = 256  # a model's name as every cache, span and column holds it (no real one is longer)
 
 
@@ -76,8 +77,8 @@ def session_of(headers: Mapping[str, str], messages: list[Message], tenant: str,
     alone. Claude Code's subagents and an agent's side requests share its session header but are
     conversations of their own."""
     for header in SESSION_HEADERS:
-        value = headers.get(header, "").strip()
-        if value:
+        value = headers.get(header)
+        if value and (value := value.strip()):
             agent = headers.get("x-claude-code-agent-id", "").strip()
             if agent:
                 value = f"{value}/agent-{agent}"
@@ -88,8 +89,9 @@ def session_of(headers: Mapping[str, str], messages: list[Message], tenant: str,
         return _printable(chain.conversation_id)[:256]
     if chain is not None and chain.session_id:
         return chain.session_id
-    system = next((m.text for m in messages if m.role in (SYSTEM, "developer")), "")
-    return "fp-" + digest(f"{tenant}\x00{system}\x00{first_prompt(messages)}").hex()[:16]
+    system = system_text(messages)
+    prompt = person_text((m.text for m in messages if m.role == USER), system)
+    return "fp-" + digest(f"{tenant}\x00{system}\x00{prompt}").hex()[:16]
 
 
 def first_prompt(messages: Sequence[Message]) -> str:
@@ -227,10 +229,12 @@ class Inspector:
                     (m.text for m in messages if m.role == USER), system)
             facts.session_seen(tenant, session_id, len(messages), model, agent, title)
         controls = facts.controls(tenant, session_id) if facts is not None else None
-        if headers.get("X-Loopwarden-Disable", "").strip() in ("1", "true", "yes") or (
+        disable = headers.get("X-Loopwarden-Disable")
+        if (disable is not None and disable.strip() in ("1", "true", "yes")) or (
                 controls is not None and controls.disabled):
             return Forward(raw, answer_headers)
-        modes = {mode.strip().lower() for mode in headers.get("X-Loopwarden-Mode", "").split(",")}
+        mode = headers.get("X-Loopwarden-Mode")
+        modes = {each.strip().lower() for each in mode.split(",")} if mode else _NO_MODES
         plan_mode = "plan" in modes
         settings, config = self._settings_for(model)
         observe = "observe" in modes or settings.mode == "observe"
@@ -438,19 +442,24 @@ class Tap:
         return {"id": assembler.response_id, "model": assembler.model, "usage": assembler.usage}
 
     def complete(self, answer: object) -> None:
-        """A whole, non-streamed answer."""
+        """A whole, non-streamed answer. Read only for what it can change: a chant in its reasoning, the record
+        of an answer the service keeps, and whether the model moved on from the warning it was given."""
+        if not isinstance(answer, dict):
+            return
+        reasoning = self._read_reasoning(answer) if self._read_reasoning is not None else ""
+        if not reasoning and self._keep is None and self._warned is None:
+            return
         try:
-            message = self._read_answer(answer) if isinstance(answer, dict) else None
+            message = self._read_answer(answer)
         except RequestError:  # an answer the rules cannot read (arguments nested past JSON's depth here)
             return
         if message is None:
             return
-        reasoning = self._read_reasoning(answer) if self._read_reasoning is not None else ""
         if reasoning:  # no cut is possible here: the next request is warned (its conversation lacks the reasoning)
             found = self._watcher.reasoning(reasoning)
             if found is not None and self._unseen is not None:
                 self._unseen(self._watcher.unseen(found, message))
-        if message.text:
+        if message.text and self._warned is not None:  # an answer that chants has not moved on
             self._watcher.text(message.text)
         self._finish(message, answer.get("id") if isinstance(answer.get("id"), str) else None)
 
@@ -465,7 +474,7 @@ class Tap:
         answer that completes none, given a warning, is the model moving on."""
         if self._keep is not None:
             self._record(message, response_id)
-        if self._watcher.episode is None and self._watcher.finish(message) is None and self._warned is not None \
+        if self._warned is not None and self._watcher.episode is None and self._watcher.finish(message) is None \
                 and ends_task(message):
             self._sink.recovery(self.context, self._warned)
 

@@ -14,7 +14,7 @@ from proxy.store import queries
 from proxy.store.database import create_engine, downgrade, run_migrations
 from proxy.store.models import Detection, SessionRow
 from proxy.store.store import Store
-from proxy.store.writer import LogWriter, SessionSeen, utcnow
+from proxy.store.writer import LogWriter, utcnow
 from tests.tcp_relay import TcpRelay
 
 
@@ -85,7 +85,7 @@ async def test_writer_batches_dedupes_and_folds_session_sightings(database_url):
     for n in range(50):
         writer.add_detection(detection(n))  # the same episodes again: one row each
     for n in range(30):
-        writer.session_seen(SessionSeen("t1", "s0", n + 1, "gpt-test"))
+        writer.session_seen("t1", "s0", n + 1, "gpt-test")
     await writer.close()
     assert await count(engine) == 1200
     async with engine.connect() as connection:
@@ -99,13 +99,13 @@ async def test_a_sessions_agent_and_title_are_the_first_seen_and_fit_their_colum
     engine = await migrated(database_url)
     writer = LogWriter(database_url)
     writer.start()
-    writer.session_seen(SessionSeen("t1", "named", 2, "gpt-test", agent="Claude Code 2.1.330", title="fix a.py"))
-    writer.session_seen(SessionSeen("t1", "named", 4, "gpt-test"))  # later requests carry neither
-    writer.session_seen(SessionSeen("t1", "named", 6, "gpt-test", agent="other", title="other"))
-    writer.session_seen(SessionSeen("t1", "long", 1, None, agent="a\x00" * 200, title="t" * 500))
+    writer.session_seen("t1", "named", 2, "gpt-test", agent="Claude Code 2.1.330", title="fix a.py")
+    writer.session_seen("t1", "named", 4, "gpt-test")  # later requests carry neither
+    writer.session_seen("t1", "named", 6, "gpt-test", agent="other", title="other")
+    writer.session_seen("t1", "long", 1, None, agent="a\x00" * 200, title="t" * 500)
     await writer.flush()
     # Another replica's later sighting of the same session renames nothing.
-    writer.session_seen(SessionSeen("t1", "named", 8, "gpt-test", agent="Codex CLI 0.169.0", title="later"))
+    writer.session_seen("t1", "named", 8, "gpt-test", agent="Codex CLI 0.169.0", title="later")
     await writer.close()
     sessions = {s["session_id"]: s for s in await queries.list_sessions(engine)}
     assert (sessions["named"]["agent"], sessions["named"]["title"]) == ("Claude Code 2.1.330", "fix a.py")
@@ -241,7 +241,7 @@ async def _seed(database_url: str) -> None:
     for session, task in (("beta", "t-b"), ("alpha", "t-a")):
         writer.add_recovery({"b_tenant": "t1", "b_session_id": session, "b_task": task, "b_episode": 1})
     for tenant, session in (("t1", "alpha"), ("t1", "beta"), ("t2", "gamma")):
-        writer.session_seen(SessionSeen(tenant, session, 12, "gpt-test"))
+        writer.session_seen(tenant, session, 12, "gpt-test")
     writer.add_judge_check({"created_at": now, "tenant": "t1", "session_id": "alpha", "task": "t-a", "turn": 30,
                             "confidence": 0.4, "confirm_confidence": None, "analysis": "progressing",
                             "model": "judge", "tokens": 900})
@@ -308,8 +308,8 @@ async def test_controls_and_judge_checks_reach_every_replica(database_url):
     first, second = Store(database_url), Store(database_url)
     await first.start()
     await second.start()
-    first.writer.session_seen(SessionSeen("tenant-a", "shared", 8, None))
-    first.writer.session_seen(SessionSeen("tenant-b", "shared", 3, None))
+    first.writer.session_seen("tenant-a", "shared", 8, None)
+    first.writer.session_seen("tenant-b", "shared", 3, None)
     changed = await first.set_controls("shared", "tenant-a", disabled=True)
     assert changed == [{"tenant": "tenant-a", "session_id": "shared", "disabled": True, "reset_at_message": 0}]
     assert first.controls("tenant-a", "shared").disabled  # at once on this replica

@@ -122,7 +122,7 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
     if "json" not in content_type.lower():
         return refused(f"Content-Type must be application/json, got {content_type!r}", "invalid_content_type")
     raw = await _whole_body(request, settings.max_body_bytes)
-    if not raw.strip():
+    if not raw or raw.isspace():
         return refused("request body is empty; expected a JSON object", "invalid_json")
     try:
         payload = orjson.loads(raw)

@@ -18,28 +18,10 @@ from proxy.inspection import Inspector, JudgeDue, client_key, tenant_of
 from proxy.judge import JUDGE_HEADER, JUDGE_TOKEN, Judge
 from proxy.server.alerts import Alerts
 from proxy.server.episodes import EpisodeLog
-from proxy.store.writer import SessionSeen
 from proxy.wire.dialect import Dialect
 from proxy.wire.messages import anthropic_root
 
 log = logging.getLogger("loopwarden.guard")
-
-
-class StoreFacts:
-    """The inspection step's facts, from the store's memory."""
-
-    def __init__(self, store) -> None:
-        self.store = store
-
-    def controls(self, tenant: str, session_id: str):
-        return self.store.controls(tenant, session_id)
-
-    def judge_checks(self, tenant: str, session_id: str, task: str):
-        return self.store.judge_checks(tenant, session_id, task)
-
-    def session_seen(self, tenant: str, session_id: str, message_count: int, model: str | None,
-                     agent: str | None = None, title: str | None = None) -> None:
-        self.store.session_seen(SessionSeen(tenant, session_id, message_count, model, agent=agent, title=title))
 
 
 class ResponseChain:
@@ -128,7 +110,7 @@ class Guard:
                       settings.judge_api_key or settings.anthropic_upstream_api_key, settings.gemini_upstream_url,
                       settings.judge_api_key or settings.gemini_upstream_api_key,
                       ) if settings.llm_check and store is not None else None
-        self.inspector = Inspector(settings, StoreFacts(store) if store is not None else None, self.episodes,
+        self.inspector = Inspector(settings, store, self.episodes,
                                    judging=judge is not None, keep=self.chain.keep if store is not None else None,
                                    is_judge=is_judge)
         self.judges = JudgeScheduler(settings, judge, store, metrics, self.inspector.config.judge_confirm) \

@@ -129,9 +129,10 @@ class Store:
         checks.put((check.task, check.turn), check)
         self._checks.put((tenant, session_id), checks)
 
-    def session_seen(self, seen) -> None:
-        self._tenants.add(seen.tenant)
-        self.writer.session_seen(seen)
+    def session_seen(self, tenant: str, session_id: str, message_count: int, model: str | None,
+                     agent: str | None = None, title: str | None = None) -> None:
+        self._tenants.add(tenant)
+        self.writer.session_seen(tenant, session_id, message_count, model, agent, title)
 
     async def tenant_known(self, tenant: str) -> bool:
         """Whether a key has sessions (on this replica, or in the log)."""

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -42,9 +42,10 @@ def _refused_data(exc: Exception) -> bool:
     return isinstance(exc, StatementError) and not isinstance(exc, DBAPIError)  # refused before it was sent
 
 
-@dataclass
+@dataclass(slots=True)
 class SessionSeen:
-    """A request seen for a session; many of them fold into one upsert per flush."""
+    """A session's requests since the last flush, folded into one upsert: the latest sighting's counts and
+    time, the first sighting's agent and title. Its texts are cleaned when it is first seen in a batch."""
 
     tenant: str
     session_id: str
@@ -52,13 +53,36 @@ class SessionSeen:
     model: str | None
     agent: str | None = None  # the agent that sent the session's first request seen, and its version
     title: str | None = None  # its first prompt, masked and cut
-    at: datetime = field(default_factory=utcnow)
+    at: float = 0.0  # when last seen (time.time())
+    requests: int = 1
+
+    def merge(self, earlier: "SessionSeen") -> None:
+        """Fold an earlier sighting (of the same session) into this later one."""
+        self.agent = earlier.agent or self.agent
+        self.title = earlier.title or self.title
+        self.model = self.model or earlier.model
+        self.requests += earlier.requests
+
+    def row(self) -> dict:
+        at = datetime.fromtimestamp(self.at, timezone.utc).replace(tzinfo=None)
+        return {"tenant": self.tenant, "session_id": self.session_id, "first_seen": at, "last_seen": at,
+                "requests": self.requests, "message_count": self.message_count, "model": self.model,
+                "agent": self.agent, "title": self.title, "disabled": False, "reset_at_message": 0}
 
 
-def _keep_first(later: SessionSeen, earlier: SessionSeen) -> None:
-    """A later sighting keeps the agent and title of an earlier one."""
-    later.agent = earlier.agent or later.agent
-    later.title = earlier.title or later.title
+def _session_rows(sessions: list[tuple[tuple[str, str], SessionSeen]]) -> list[dict]:
+    """One upsert row per session as the table keys it: two ids the cleaning made one are one row (a row may
+    not be updated twice by one statement)."""
+    rows: dict[tuple[str, str], dict] = {}
+    for _, seen in sessions:
+        row = seen.row()
+        earlier = rows.get((seen.tenant, seen.session_id))
+        if earlier is not None:
+            row["requests"] += earlier["requests"]
+            for name in ("model", "agent", "title"):
+                row[name] = row[name] or earlier[name]
+        rows[seen.tenant, seen.session_id] = row
+    return list(rows.values())
 
 
 class LogWriter:
@@ -80,7 +104,7 @@ class LogWriter:
         self.written = 0
         self._lock = threading.Lock()  # the buffer is shared by the proxy's loop and the writer's thread
         self._rows: deque[dict] = deque()  # detection and judge rows, each {"table": ..., "values": ...}
-        self._sessions: dict[tuple[str, str], tuple[SessionSeen, int]] = {}
+        self._sessions: dict[tuple[str, str], SessionSeen] = {}
         # Detections still in the buffer, by episode: a recovery mark for one is set on its rows.
         self._buffered_episodes: dict[tuple, list[dict]] = {}
         self._in_flight = 0  # a batch on its way to the database
@@ -148,21 +172,32 @@ class LogWriter:
                 return
         self._add({"table": "recovered", "values": values})
 
-    def session_seen(self, seen: SessionSeen) -> None:
-        seen.model = clean.column_text(SessionRow, "model", seen.model)
-        seen.session_id = clean.column_text(SessionRow, "session_id", seen.session_id)
-        seen.agent = clean.column_text(SessionRow, "agent", seen.agent)
-        seen.title = clean.column_text(SessionRow, "title", seen.title)
-        key = (seen.tenant, seen.session_id)
+    def session_seen(self, tenant: str, session_id: str, message_count: int, model: str | None,
+                     agent: str | None = None, title: str | None = None) -> None:
+        """A request of a session. Called on every request: a session already in the batch costs a lookup."""
+        key = (tenant, session_id)
+        now = time.time()
         with self._lock:
-            previous = self._sessions.get(key)
-            if previous is not None:
-                _keep_first(seen, previous[0])
-            if previous is None and len(self._sessions) >= self.capacity:
-                dropped = 1
+            seen = self._sessions.get(key)
+            if seen is not None:
+                seen.requests += 1
+                seen.message_count = message_count
+                seen.at = now
+                if model is not None and model != seen.model:
+                    seen.model = clean.column_text(SessionRow, "model", model)
+                if agent is not None and seen.agent is None:  # the first request this process saw of it
+                    seen.agent = clean.column_text(SessionRow, "agent", agent)
+                if title is not None and seen.title is None:
+                    seen.title = clean.column_text(SessionRow, "title", title)
+                return
+            if len(self._sessions) >= self.capacity:
+                dropped = True
             else:
-                dropped = 0
-                self._sessions[key] = (seen, (previous[1] if previous else 0) + 1)
+                dropped = False
+                self._sessions[key] = SessionSeen(
+                    tenant, clean.column_text(SessionRow, "session_id", session_id), message_count,
+                    clean.column_text(SessionRow, "model", model), clean.column_text(SessionRow, "agent", agent),
+                    clean.column_text(SessionRow, "title", title), now)
             full = len(self._sessions) >= BATCH
         if dropped:
             self._count_drop(1)
@@ -348,12 +383,7 @@ class LogWriter:
                 await connection.execute(self._mark_recovered, recoveries)
             await rollup.record(connection, self._dialect, inserted, recoveries)
             if sessions:
-                await connection.execute(self._upsert_sessions, [
-                    {"tenant": seen.tenant, "session_id": seen.session_id, "first_seen": seen.at,
-                     "last_seen": seen.at, "requests": count, "message_count": seen.message_count,
-                     "model": seen.model, "agent": seen.agent, "title": seen.title, "disabled": False,
-                     "reset_at_message": 0}
-                    for _, (seen, count) in sessions])
+                await connection.execute(self._upsert_sessions, _session_rows(sessions))
         if inserted and self.on_inserted is not None:
             first = {row.episode_key for row in inserted}
             self.on_inserted([values for values in detections if values["episode_key"] in first])
@@ -368,7 +398,7 @@ class LogWriter:
             except Exception as exc:
                 if not _refused_data(exc) or not await ping(self.engine):
                     raise
-                await self._set_aside(rows[0] if rows else {"table": SessionRow, "values": vars(sessions[0][1][0])},
+                await self._set_aside(rows[0] if rows else {"table": SessionRow, "values": sessions[0][1].row()},
                                       exc)
             return
         for part_rows, part_sessions in ((rows[:len(rows) // 2], sessions[:len(sessions) // 2]),
@@ -406,10 +436,11 @@ class LogWriter:
             dropped = max(0, len(rows) - max(room, 0))
             rows = rows[dropped:]  # the oldest go first
             self._rows.extendleft(reversed(rows))
-            for key, (seen, count) in sessions:
+            for key, seen in sessions:
                 newer = self._sessions.get(key)
                 if newer is not None:
-                    _keep_first(newer[0], seen)
-                self._sessions[key] = (newer[0], newer[1] + count) if newer else (seen, count)
+                    newer.merge(seen)
+                else:
+                    self._sessions[key] = seen
         if dropped:
             self._count_drop(dropped)

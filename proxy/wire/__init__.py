@@ -37,4 +37,7 @@ def recorded_dialect(body: dict) -> Dialect | None:
 def relay_dialect(headers: Mapping[str, str], query: Mapping[str, str], default: Dialect = OPENAI) -> Dialect:
     """The dialect whose upstream (and way of passing the key) a request takes: one that claims it by its
     headers, else the one its path speaks, else the OpenAI upstream."""
-    return next((dialect for dialect in CLAIMING if dialect.claims(headers, query)), default)
+    for dialect in CLAIMING:
+        if dialect.claims(headers, query):
+            return dialect
+    return default

@@ -6,6 +6,8 @@ Nothing outside `proxy/wire/` asks which dialect it holds: it asks the dialect.
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any, Mapping, Protocol
 
 import orjson
@@ -133,10 +135,12 @@ def sse(data: dict, event: str | None = None) -> bytes:
     return head + b"data: " + orjson.dumps(data) + b"\n\n"
 
 
+@functools.lru_cache(maxsize=1024)
 def join_url(base: str, raw_path: str, raw_query: str) -> URL:
     """A base URL and a path and query as the client encoded them: decoded and encoded again, `%2F` or `%26`
     would change meaning, and `..` would be resolved. A query in the base URL (`?api-version=...`) stays a
-    query, before the client's."""
+    query, before the client's. (Cached: an agent sends its requests to one or two paths, and a URL is
+    immutable.)"""
     parsed = URL(base)
     query = "&".join(q for q in (parsed.raw_query_string, raw_query) if q)
     root = str(parsed.with_query(None).with_fragment(None)).rstrip("/")
