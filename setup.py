@@ -13,7 +13,7 @@ import hashlib
 import os
 import sys
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -27,7 +27,9 @@ else:
     ext_modules = cythonize(["proxy/detect/_content.pyx"], compiler_directives={"language_level": "3"})
     if os.environ.get("LOOPWARDEN_NO_EXTENSIONS") != "1":
         # Type annotations stay annotations: the modules are compiled with Python's semantics, unchanged.
-        ext_modules += cythonize([source_path(name) for name in MODULES], nthreads=os.cpu_count() or 1,
+        # Named explicitly: a folder without __init__.py (proxy/server) would not give cythonize the full name.
+        ext_modules += cythonize([Extension(name, [source_path(name)]) for name in MODULES],
+                                 nthreads=os.cpu_count() or 1,
                                  compiler_directives={"language_level": "3", "annotation_typing": False,
                                                       "binding": True})
     for extension in ext_modules:
