@@ -103,6 +103,9 @@ async def test_a_sessions_agent_and_title_are_the_first_seen_and_fit_their_colum
     writer.session_seen("t1", "named", 4, "gpt-test")  # later requests carry neither
     writer.session_seen("t1", "named", 6, "gpt-test", agent="other", title="other")
     writer.session_seen("t1", "long", 1, None, agent="a\x00" * 200, title="t" * 500)
+    # Two ids the column holds alike (one with a NUL) are one session, one row.
+    writer.session_seen("t1", "odd\x00id", 3, None)
+    writer.session_seen("t1", "oddid", 5, None)
     await writer.flush()
     # Another replica's later sighting of the same session renames nothing.
     writer.session_seen("t1", "named", 8, "gpt-test", agent="Codex CLI 0.169.0", title="later")
@@ -112,6 +115,8 @@ async def test_a_sessions_agent_and_title_are_the_first_seen_and_fit_their_colum
     assert sessions["named"]["requests"] == 4 and sessions["named"]["messages"] == 8
     assert 0 < len(sessions["long"]["agent"]) <= 128 and "\x00" not in sessions["long"]["agent"]
     assert len(sessions["long"]["title"]) == 120
+    odd = sessions["oddid"]
+    assert odd["requests"] == 2 and odd["messages"] == 5
     timeline = await queries.session_timeline(engine, "named")
     assert timeline[0]["agent"] == "Claude Code 2.1.330" and timeline[0]["title"] == "fix a.py"
     assert writer.rejected == 0

@@ -45,7 +45,7 @@ def _refused_data(exc: Exception) -> bool:
 @dataclass(slots=True)
 class SessionSeen:
     """A session's requests since the last flush, folded into one upsert: the latest sighting's counts and
-    time, the first sighting's agent and title. Its texts are cleaned when it is first seen in a batch."""
+    time, the first sighting's agent and title, each text as its column holds it."""
 
     tenant: str
     session_id: str
@@ -68,21 +68,6 @@ class SessionSeen:
         return {"tenant": self.tenant, "session_id": self.session_id, "first_seen": at, "last_seen": at,
                 "requests": self.requests, "message_count": self.message_count, "model": self.model,
                 "agent": self.agent, "title": self.title, "disabled": False, "reset_at_message": 0}
-
-
-def _session_rows(sessions: list[tuple[tuple[str, str], SessionSeen]]) -> list[dict]:
-    """One upsert row per session as the table keys it: two ids the cleaning made one are one row (a row may
-    not be updated twice by one statement)."""
-    rows: dict[tuple[str, str], dict] = {}
-    for _, seen in sessions:
-        row = seen.row()
-        earlier = rows.get((seen.tenant, seen.session_id))
-        if earlier is not None:
-            row["requests"] += earlier["requests"]
-            for name in ("model", "agent", "title"):
-                row[name] = row[name] or earlier[name]
-        rows[seen.tenant, seen.session_id] = row
-    return list(rows.values())
 
 
 class LogWriter:
@@ -174,11 +159,20 @@ class LogWriter:
 
     def session_seen(self, tenant: str, session_id: str, message_count: int, model: str | None,
                      agent: str | None = None, title: str | None = None) -> None:
-        """A request of a session. Called on every request: a session already in the batch costs a lookup."""
-        key = (tenant, session_id)
+        """A request of a session. Called on every request: a session already in the batch is one lookup (keyed
+        by its id as the table holds it, which is the id as sent but for a rare one the cleaning changes)."""
         now = time.time()
+        dropped = full = False
         with self._lock:
-            seen = self._sessions.get(key)
+            seen = self._sessions.get((tenant, session_id))
+            if seen is None:
+                key = (tenant, clean.column_text(SessionRow, "session_id", session_id))
+                seen = self._sessions.get(key)
+                if seen is None:
+                    dropped = len(self._sessions) >= self.capacity
+                    if not dropped:
+                        seen = self._sessions[key] = SessionSeen(tenant, key[1], message_count, None, requests=0)
+                        full = len(self._sessions) >= BATCH
             if seen is not None:
                 seen.requests += 1
                 seen.message_count = message_count
@@ -189,16 +183,6 @@ class LogWriter:
                     seen.agent = clean.column_text(SessionRow, "agent", agent)
                 if title is not None and seen.title is None:
                     seen.title = clean.column_text(SessionRow, "title", title)
-                return
-            if len(self._sessions) >= self.capacity:
-                dropped = True
-            else:
-                dropped = False
-                self._sessions[key] = SessionSeen(
-                    tenant, clean.column_text(SessionRow, "session_id", session_id), message_count,
-                    clean.column_text(SessionRow, "model", model), clean.column_text(SessionRow, "agent", agent),
-                    clean.column_text(SessionRow, "title", title), now)
-            full = len(self._sessions) >= BATCH
         if dropped:
             self._count_drop(1)
         elif full:
@@ -383,7 +367,7 @@ class LogWriter:
                 await connection.execute(self._mark_recovered, recoveries)
             await rollup.record(connection, self._dialect, inserted, recoveries)
             if sessions:
-                await connection.execute(self._upsert_sessions, _session_rows(sessions))
+                await connection.execute(self._upsert_sessions, [seen.row() for _, seen in sessions])
         if inserted and self.on_inserted is not None:
             first = {row.episode_key for row in inserted}
             self.on_inserted([values for values in detections if values["episode_key"] in first])
