@@ -90,15 +90,16 @@ def session_of(headers: Mapping[str, str], messages: list[Message], tenant: str,
     if chain is not None and chain.session_id:
         return chain.session_id
     system = system_text(messages)
-    prompt = person_text((m.text for m in messages if m.role == USER), system)
-    return "fp-" + digest(f"{tenant}\x00{system}\x00{prompt}").hex()[:16]
+    return "fp-" + digest(f"{tenant}\x00{system}\x00{first_prompt(messages, system)}").hex()[:16]
 
 
-def first_prompt(messages: Sequence[Message]) -> str:
+def first_prompt(messages: Sequence[Message], system: str | None = None) -> str:
     """The first message a person wrote, as names a task (the session's fingerprint and its title): an agent's
     own preamble (Aider's file-context message, which moves after the first request, and its example
-    conversation) is skipped, and the reminder it appends to the newest message is cut."""
-    return person_text((m.text for m in messages if m.role == USER), system_text(messages))
+    conversation) is skipped, and the reminder it appends to the newest message is cut. (`system`: the
+    conversation's system text, when the caller has it.)"""
+    return person_text((m.text for m in messages if m.role == USER),
+                       system_text(messages) if system is None else system)
 
 
 @dataclass(slots=True)
@@ -174,8 +175,17 @@ class Forward:
     judge: JudgeDue | None = None
 
 
+@dataclass(slots=True)
+class SessionMemory:
+    """What this process remembers of a session between its requests (one record: one lookup a request)."""
+
+    message_count: int = 0
+    fold: FoldCache | None = None  # the task state after the conversation's settled messages
+    unseen: tuple[UnseenChant, ...] = ()  # chants found in whole answers' reasoning
+
+
 class Inspector:
-    """Per-process inspection state: the fold caches and the settings resolved per model."""
+    """Per-process inspection state: what is remembered per session and the settings resolved per model."""
 
     def __init__(self, settings: Settings, facts: Facts | None, sink: EpisodeSink, judging: bool = False,
                  keep: Callable[..., None] | None = None, is_judge: Callable[[Mapping[str, str]], bool] = None) -> None:
@@ -187,17 +197,19 @@ class Inspector:
         self.keep = keep  # records an answer the service keeps: keep(tenant, response_id, previous, conversation,
         #                   session, messages)
         self.is_judge = is_judge or (lambda headers: False)
-        self._folds: LRU = LRU(CACHED_SESSIONS)
-        self._message_counts: LRU = LRU(CACHED_SESSIONS)
+        self._sessions: LRU = LRU(CACHED_SESSIONS)  # (tenant, session) -> SessionMemory
         self._per_model: LRU = LRU(MODEL_POLICIES)
-        self._unseen: LRU = LRU(CACHED_SESSIONS)  # (tenant, session) -> chants found in whole answers' reasoning
 
     def remember_unseen(self, key: tuple[str, str], chant: UnseenChant) -> None:
         """A chant in a whole answer's reasoning: the session's next request is warned of it."""
-        self._unseen.put(key, [*(self._unseen.get(key) or ())[-(UNSEEN_PER_SESSION - 1):], chant])
+        memory = self._sessions.get(key)
+        if memory is None:
+            memory = SessionMemory()
+            self._sessions.put(key, memory)
+        memory.unseen = (*memory.unseen[-(UNSEEN_PER_SESSION - 1):], chant)
 
     def known_message_counts(self) -> dict:
-        return dict(self._message_counts)
+        return {key: memory.message_count for key, memory in self._sessions.items()}
 
     def inspect(self, incoming: Incoming, span: Any = None) -> Stop | Forward:
         """The verdict on one request. Raises the dialect's RequestError for a body it cannot read."""
@@ -218,8 +230,12 @@ class Inspector:
         if model is not None:
             model = model[:MODEL_CHARS]  # before it keys the per-model settings, a span or the log
         key = (tenant, session_id)
-        new_here = self._message_counts.get(key) is None
-        self._message_counts.put(key, len(messages))
+        memory = self._sessions.get(key)
+        new_here = memory is None
+        if new_here:
+            memory = SessionMemory()
+        self._sessions.put(key, memory)
+        memory.message_count = len(messages)
         facts = self.facts
         if facts is not None:  # the agent and title are read once per session and process: the first wins
             agent = title = None
@@ -239,11 +255,10 @@ class Inspector:
         settings, config = self._settings_for(model)
         observe = "observe" in modes or settings.mode == "observe"
 
-        state, cache = analyze(config, messages, controls.reset_at_message if controls else 0, self._folds.get(key))
-        self._folds.put(key, cache)
+        state, memory.fold = analyze(config, messages, controls.reset_at_message if controls else 0, memory.fold)
         checks = facts.judge_checks(tenant, session_id, state.key) if facts is not None else []
-        unseen = self._unseen.get(key) or ()
-        decision = Decision(episodes(config, state, plan_mode=plan_mode, judge_checks=checks, unseen=unseen))
+        decision = Decision(episodes(config, state, plan_mode=plan_mode, judge_checks=checks,
+                                     unseen=memory.unseen))
         context = Context(tenant, session_id, state.key, model, dialect.name, not observe, span)
 
         stop = decision.stop
@@ -272,7 +287,7 @@ class Inspector:
         elif warnings:
             answer_headers["X-Loopwarden-Warning"] = \
                 f"{warnings[-1].number}/{warnings[-1].limit} {warnings[-1].type}"
-        watcher = ResponseWatcher(config, _detached(state, cache), decision, len(messages), plan_mode)
+        watcher = ResponseWatcher(config, _detached(state, memory.fold), decision, len(messages), plan_mode)
         keep = None
         if self.keep is not None and dialect.keeps_answer(payload):
             # The service keeps this answer: remember the conversation as sent, for requests that continue it.
