@@ -13,8 +13,8 @@ WORKDIR /app
 COPY pyproject.toml setup.py README.md alembic.ini ./
 COPY proxy ./proxy
 COPY migrations ./migrations
-# The content layer's matcher is compiled with gcc, installed for the build and removed after it (without it
-# the install would still succeed, with the plain Python matcher: the same verdicts, slower).
+# The content layer's matcher and the request path's pure modules are compiled with gcc, installed for the build
+# and removed after it (without it the install would still succeed, as plain Python: the same verdicts, slower).
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
     && pip install --no-cache-dir -e . \
     && apt-get purge -y --auto-remove gcc libc6-dev && rm -rf /var/lib/apt/lists/*
