@@ -182,6 +182,7 @@ async def _settle_heap(app) -> None:
 def _serve(settings: Settings, *, migrate: bool) -> int:
     from aiohttp import web
 
+    from proxy import compiled
     from proxy.server.app import CLIENT_IDLE_TIMEOUT, create_app
     from proxy.loops import loop_name, new_event_loop
 
@@ -195,8 +196,9 @@ def _serve(settings: Settings, *, migrate: bool) -> int:
 
     logging.getLogger("loopwarden").info(
         "loopwarden listening on http://%s:%s, upstreams %s (OpenAI), %s (Anthropic), %s (Gemini), database %s, "
-        "on %s", settings.host, settings.port, shown_url(settings.upstream_url), shown_url(settings.anthropic_upstream_url),
-        shown_url(settings.gemini_upstream_url), describe(settings.database_url), loop_name(settings.event_loop))
+        "on %s, request path %s", settings.host, settings.port, shown_url(settings.upstream_url),
+        shown_url(settings.anthropic_upstream_url), shown_url(settings.gemini_upstream_url), describe(settings.database_url),
+        loop_name(settings.event_loop), compiled.describe())
     web.run_app(app, host=settings.host, port=settings.port, shutdown_timeout=settings.shutdown_grace,
                 loop=new_event_loop(settings.event_loop),
                 handler_cancellation=True, print=None, keepalive_timeout=CLIENT_IDLE_TIMEOUT,

@@ -111,7 +111,9 @@ async def test_serve_runs_on_uvloop_where_installed_and_on_the_standard_loop_whe
                 start = next(line for line in (await stopped(process)).splitlines() if "listening on" in line)
         finally:
             del os.environ["LOOPWARDEN_EVENT_LOOP"]
-        assert start.endswith(f"on {expected}"), start
+        assert f", on {expected}, request path " in start, start
     described = subprocess.run([sys.executable, "-m", "proxy", "config"], capture_output=True, text=True,
                                env={**os.environ, "LOOPWARDEN_EVENT_LOOP": "asyncio"}).stdout
     assert "event loop: asyncio" in described
+    # The start line and `config` say alike how the request path runs (compiled, or as plain Python).
+    assert start.endswith(f"request path {described.split('request path: ')[1].splitlines()[0]}"), start
