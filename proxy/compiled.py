@@ -15,8 +15,8 @@ import importlib.util
 import os
 import sys
 
-# Each request's verdict and each streamed chunk run through these: pure code, no I/O. (Compiled, the web
-# server's own modules saved about 3 % of a request's CPU: they stay Python.)
+# Each request's verdict and each streamed chunk run through these: pure code, no I/O. (The web server's own
+# modules stay Python: compiled, their coroutines cost 15 % more CPU per request, BENCHMARKS.md.)
 MODULES = (
     "proxy.conversation", "proxy.inspection", "proxy.lru",
     "proxy.detect.engine", "proxy.detect.normalize", "proxy.detect.text_steps", "proxy.detect.tools",
