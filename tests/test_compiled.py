@@ -14,6 +14,12 @@ PURE = os.environ.get("LOOPWARDEN_NO_EXTENSIONS") == "1"
 REQUIRED = os.environ.get("LOOPWARDEN_REQUIRE_COMPILED") == "1" and not PURE
 
 
+def not_compiled(what: str) -> None:
+    if REQUIRED:
+        pytest.fail(f"{what} was not compiled by the install")
+    pytest.skip("the request path is not compiled here (no C compiler or Cython at install)")
+
+
 def built(name: str) -> str | None:
     """The compiled file of a module in this tree, if the install built it."""
     module = sys.modules.get(name) or importlib.import_module(name)
@@ -30,20 +36,17 @@ def test_every_module_runs_compiled_when_built_or_as_python_when_told():
     if PURE:
         assert all(path.endswith(".py") for path in files.values()), files
         assert compiled.describe() == "plain Python (LOOPWARDEN_NO_EXTENSIONS=1)"
-    elif REQUIRED:
-        assert all(path.endswith(".so") for path in files.values()), files
-        assert compiled.describe() == f"compiled ({len(compiled.MODULES)} modules)"
     elif not all(path.endswith(".so") for path in files.values()):
-        pytest.skip("the request path is not compiled here (no C compiler or Cython at install)")
+        not_compiled(", ".join(name for name, path in files.items() if not path.endswith(".so")))
+    else:
+        assert compiled.describe() == f"compiled ({len(compiled.MODULES)} modules)"
 
 
 def test_a_module_edited_since_its_build_runs_from_its_source(tmp_path):
     """A stale compiled module is never run: the finder gives the source, and says so."""
     so = built("proxy.lru")
     if so is None:
-        if REQUIRED:
-            pytest.fail("proxy.lru was not compiled by the install")
-        pytest.skip("the request path is not compiled here (no C compiler or Cython at install)")
+        not_compiled("proxy.lru")
     package = tmp_path / "proxy"
     package.mkdir()
     shutil.copy(so, package)
