@@ -19,6 +19,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from proxy.config import Settings
 from proxy.server import admin
 from proxy.server import guard as guard_module
+from proxy.server.http1 import UpstreamClient, UpstreamResponse
 from proxy.server.metrics import Metrics
 from proxy.server.telemetry import Telemetry
 from proxy.inspection import Forward, Incoming, Stop, Tap
@@ -28,7 +29,7 @@ from proxy.server.upstream import (
     client_headers,
     is_read_failure,
     json_error,
-    make_client_session,
+    make_upstream_client,
     open_upstream,
     upstream_headers,
 )
@@ -40,12 +41,11 @@ from proxy.wire.sse import MAX_EVENT_BYTES, WholeEvents
 log = logging.getLogger("loopwarden.server")
 
 SETTINGS = web.AppKey("settings", Settings)
-CLIENT = web.AppKey("client", aiohttp.ClientSession)
+CLIENT = web.AppKey("client", UpstreamClient)
 GUARD = web.AppKey("guard", guard_module.Guard)
 METRICS = web.AppKey("metrics", Metrics)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 
-_STREAM_CHUNK = 64 * 1024
 # The most of a non-streamed answer that is read; a larger one is relayed as it comes, uninspected.
 INSPECTED_ANSWER_BYTES = MAX_EVENT_BYTES
 # A client connection idle this long is closed: between requests, before its request's head is complete
@@ -211,13 +211,13 @@ def _uninspected(request: web.Request, verdict: Forward, unpacked: str) -> None:
                 INSPECTED_ANSWER_BYTES, unpacked, request.path, verdict.headers.get("X-Loopwarden-Session"))
 
 
-async def _answer(upstream: aiohttp.ClientResponse) -> bytes | list[bytes]:
+async def _answer(upstream: UpstreamResponse) -> bytes | list[bytes]:
     """A non-streamed answer, whole; or, past INSPECTED_ANSWER_BYTES, the reads so far (the rest unread)."""
     if (upstream.content_length or 0) > INSPECTED_ANSWER_BYTES:
         return []
     reads: list[bytes] = []
     size = 0
-    while chunk := await upstream.content.readany():
+    while chunk := await upstream.read_any():
         reads.append(chunk)
         size += len(chunk)
         if size > INSPECTED_ANSWER_BYTES:
@@ -225,7 +225,7 @@ async def _answer(upstream: aiohttp.ClientResponse) -> bytes | list[bytes]:
     return reads[0] if len(reads) == 1 else b"".join(reads)
 
 
-async def _relay_body(request: web.Request, upstream: aiohttp.ClientResponse, headers,
+async def _relay_body(request: web.Request, upstream: UpstreamResponse, headers,
                       reads: tuple[bytes, ...] | list[bytes] = ()) -> web.StreamResponse:
     """The upstream's answer relayed as it comes, unread (after `reads`, what was read of it already)."""
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
@@ -235,7 +235,7 @@ async def _relay_body(request: web.Request, upstream: aiohttp.ClientResponse, he
     try:
         for chunk in reads:
             await _write(response, chunk)
-        async for chunk in upstream.content.iter_chunked(_STREAM_CHUNK):
+        async for chunk in upstream.chunks_as_they_come():
             await _write(response, chunk)
     except _ClientGone:
         log.debug("client left mid-transfer on %s", request.path)
@@ -320,7 +320,7 @@ async def _write_eof(request: web.Request, response: web.StreamResponse) -> None
         log.debug("client left before the end of %s", request.path)
 
 
-async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, headers, dialect: Dialect,
+async def _relay_stream(request: web.Request, upstream: UpstreamResponse, headers, dialect: Dialect,
                         guard: guard_module.Guard, tap: Tap | None) -> web.StreamResponse:
     """Relay a stream as it comes; the tap (None: unread) reads a copy and may end it."""
     response = web.StreamResponse(status=200, headers=headers)
@@ -329,7 +329,7 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, 
     open_streams.inc()
     events = WholeEvents()
     try:
-        async for chunk in upstream.content.iter_any():
+        async for chunk in upstream.chunks_as_they_come():
             cut = tap.feed(chunk) if tap is not None else None
             if tap is not None and tap.persist_pending:  # an answer the service keeps ended here: written first
                 await _persist(guard, tap)
@@ -517,7 +517,7 @@ def create_app(settings: Settings) -> web.Application:
     app[TELEMETRY] = Telemetry(os.environ)
 
     async def client_context(app: web.Application) -> AsyncIterator[None]:
-        app[CLIENT] = make_client_session(settings)
+        app[CLIENT] = make_upstream_client(settings)
         await app[GUARD].start()
         yield
         await app[GUARD].stop()

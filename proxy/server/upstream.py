@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import re
@@ -10,11 +9,12 @@ from contextlib import asynccontextmanager
 from urllib.parse import unquote
 from typing import AsyncIterator, Mapping
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+from yarl import URL
 
 from proxy.config import Settings, shown_url
+from proxy.server.http1 import ConnectFailed, UpstreamClient, UpstreamError, UpstreamResponse
 from proxy.wire.dialect import Dialect
 from proxy.wire.errors import error_body
 
@@ -66,7 +66,7 @@ def upstream_headers(request: web.Request, settings: Settings, dialect: Dialect,
     return headers
 
 
-def client_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
+def client_headers(upstream: UpstreamResponse) -> CIMultiDict[str]:
     headers: CIMultiDict[str] = CIMultiDict()
     for name, value in upstream.headers.items():
         if name.lower() not in _NOT_FORWARDED_DOWN:
@@ -81,20 +81,13 @@ def climbs(raw_path: str) -> bool:
                for part in re.split(r"[/\\]", unquote(segment)))
 
 
-def make_client_session(settings: Settings) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30, enable_cleanup_closed=True)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.upstream_connect_timeout,
-                                    sock_read=settings.upstream_read_timeout)
-    # No cookie jar: a cookie one client's answer set must never go up with another client's request (and a
-    # jar is looked through on every request).
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
-                                 skip_auto_headers=("User-Agent",), trust_env=False,
-                                 cookie_jar=aiohttp.DummyCookieJar())
+def make_upstream_client(settings: Settings) -> UpstreamClient:
+    return UpstreamClient(settings.upstream_connect_timeout, settings.upstream_read_timeout)
 
 
 @asynccontextmanager
-async def open_upstream(session: aiohttp.ClientSession, method: str, url: URL, headers: CIMultiDict[str],
-                        data) -> AsyncIterator[aiohttp.ClientResponse]:
+async def open_upstream(client: UpstreamClient, method: str, url: URL, headers: CIMultiDict[str],
+                        data) -> AsyncIterator[UpstreamResponse]:
     """Send the request; failures before a response are raised as UpstreamFailure. Credentials in the URL
     (`https://user:pass@host/v1`) travel as its Authorization header, in place of the client's."""
     if url.user is not None:
@@ -103,14 +96,12 @@ async def open_upstream(session: aiohttp.ClientSession, method: str, url: URL, h
         headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
         url = url.with_user(None)
     try:
-        response = await session.request(method, url, headers=headers, data=data, allow_redirects=False)
-    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        response = await client.request(method, url, headers, data)
+    except TimeoutError as exc:
         raise UpstreamFailure(504, "upstream_timeout", f"upstream did not answer in time ({shown_url(str(url))})") from exc
-    except aiohttp.ClientConnectorError as exc:
-        raise UpstreamFailure(502, "upstream_unreachable", f"upstream unreachable: {exc.os_error or exc}") from exc
-    except aiohttp.ClientError as exc:
-        if isinstance(exc.__cause__, web.HTTPException):  # the client's body failed (too large, stopped coming)
-            raise exc.__cause__ from None
+    except ConnectFailed as exc:
+        raise UpstreamFailure(502, "upstream_unreachable", f"upstream unreachable: {exc.os_error}") from exc
+    except (UpstreamError, OSError) as exc:
         raise UpstreamFailure(502, "upstream_unreachable", f"upstream connection failed: {exc}") from exc
     try:
         yield response
@@ -120,4 +111,4 @@ async def open_upstream(session: aiohttp.ClientSession, method: str, url: URL, h
 
 def is_read_failure(exc: BaseException) -> bool:
     """A failure while reading an upstream body that has already started."""
-    return isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError))
+    return isinstance(exc, (UpstreamError, TimeoutError))

@@ -1,0 +1,406 @@
+"""The upstream client: HTTP/1.1 over pooled keep-alive connections, parsed by httptools (llhttp).
+
+A request costs a quarter of what aiohttp's client spends on it (BENCHMARKS, "The upstream client"), which
+was the largest single cost of a forwarded request. It does only what forwarding needs: one request per
+connection at a time, the request's body whole or streamed, the answer's body as it comes with back
+pressure, a connect timeout and a read timeout (the longest the upstream may stay silent), TLS with the
+system's trusted certificates. No redirects, cookies, proxies or decompression: the proxy relays those as
+they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import AsyncIterator
+
+import httptools
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+# Past this much unread answer the connection stops reading, so a slow client slows the upstream down
+# instead of filling memory.
+_HIGH_WATER = 256 * 1024
+_IDLE_CHECK = 10.0  # seconds between sweeps of idle connections
+
+
+class UpstreamError(Exception):
+    """The upstream could not be reached, or broke the exchange."""
+
+
+class ConnectFailed(UpstreamError):
+    """No connection could be made; `os_error` says why."""
+
+    def __init__(self, os_error: OSError) -> None:
+        super().__init__(str(os_error))
+        self.os_error = os_error
+
+
+class ConnectionBroken(UpstreamError):
+    """The connection closed, or the upstream sent what is not HTTP, before the answer was whole."""
+
+
+class _Connection(asyncio.Protocol):
+    """One connection and the answer being read on it; the parser's callbacks fill the answer."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout: float) -> None:
+        self._loop = loop
+        self._read_timeout = read_timeout
+        self._parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self.response: UpstreamResponse | None = None
+        self._headers: list[tuple[str, str]] = []
+        self._reason = ""
+        self._waiter: asyncio.Future | None = None  # a reader waiting for the head, a body chunk or its end
+        self._drain: asyncio.Future | None = None  # a writer waiting for the socket's buffer to empty
+        self._last_read = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._paused = False
+        self._failure: BaseException | None = None
+
+    # asyncio's side
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = self._loop.time()
+        if self.response is None:  # bytes nobody asked for: the connection cannot be trusted any more
+            self.close()
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ConnectionBroken(f"the upstream's answer is not valid HTTP: {exc}"))
+            self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        self.transport.close()
+
+    def eof_received(self) -> bool:
+        return False  # closes the transport; connection_lost follows
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.closed = True
+        self._stop_timer()
+        response = self.response
+        if response is not None and not response.complete:
+            if response.headers_read and response.until_close:  # a body that ends where the connection does
+                response.complete = True
+                self._wake()
+            else:
+                reason = f": {exc}" if exc else ""
+                self._fail(ConnectionBroken(f"the upstream closed the connection{reason}"))
+        self.resume_writing()  # a writer waiting sees the connection closed
+
+    def pause_writing(self) -> None:
+        self._drain = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        self._drain = None
+
+    # the parser's side
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason = reason.decode("latin-1")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        headers, self._headers = self._headers, []
+        if status < 200:  # an interim answer (100 Continue, 103 Early Hints): the real one follows
+            return
+        response = self.response
+        if response.headers_read:  # a second answer to one request
+            raise httptools.HttpParserError("more than one answer to a request")
+        response.status = status
+        response.reason = self._reason
+        response.headers = CIMultiDictProxy(CIMultiDict(headers))
+        response.keep_alive = self._parser.should_keep_alive()
+        length = response.headers.get("Content-Length")
+        response.content_length = int(length) if length is not None and length.isdigit() else None
+        response.until_close = length is None and \
+            "chunked" not in response.headers.get("Transfer-Encoding", "").lower()
+        response.headers_read = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        response = self.response
+        response.chunks.append(body)
+        response.buffered += len(body)
+        if response.buffered > _HIGH_WATER and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        response = self.response
+        if response is None or not response.headers_read:
+            return  # the end of an interim answer
+        response.complete = True
+        self._stop_timer()
+        self._wake()
+
+    # the reader's side
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _fail(self, failure: BaseException) -> None:
+        self._failure = failure
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_exception(failure)
+
+    async def wait(self) -> None:
+        """Until the parser has something new for the reader: a failure is raised."""
+        if self._failure is not None:
+            raise self._failure
+        if self.closed:
+            raise ConnectionBroken("the upstream closed the connection")
+        self._waiter = self._loop.create_future()
+        await self._waiter
+
+    def consumed(self) -> None:
+        if self._paused:
+            self._paused = False
+            self.transport.resume_reading()
+
+    def start(self, response: UpstreamResponse) -> None:
+        """A request goes out on this connection now: its silence is timed from here."""
+        self.response = response
+        self._failure = None
+        self._last_read = self._loop.time()
+        self._timer = self._loop.call_at(self._last_read + self._read_timeout, self._check_silence)
+
+    def _check_silence(self) -> None:
+        """One timer per answer rather than one per read: it fires when the upstream may have been silent
+        long enough, and looks when it last heard from it."""
+        self._timer = None
+        due = self._last_read + self._read_timeout
+        if self._paused or self._loop.time() < due:  # not silent: heard from lately, or the client is slow
+            self._timer = self._loop.call_at(max(due, self._loop.time() + 1.0), self._check_silence)
+            return
+        self._fail(asyncio.TimeoutError())
+        self.close()
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def drain(self) -> None:
+        if self._drain is not None:
+            await self._drain
+
+
+class UpstreamResponse:
+    """The upstream's answer: its head once `UpstreamClient.request` returns, its body read as it comes."""
+
+    __slots__ = ("status", "reason", "headers", "content_length", "keep_alive", "until_close", "headers_read",
+                 "complete", "chunks", "buffered", "_connection", "_pool", "_released")
+
+    def __init__(self, connection: _Connection, pool: _Pool) -> None:
+        self.status = 0
+        self.reason = ""
+        self.headers: CIMultiDictProxy[str] | None = None
+        self.content_length: int | None = None
+        self.keep_alive = False
+        self.until_close = False
+        self.headers_read = False
+        self.complete = False
+        self.chunks: list[bytes] = []
+        self.buffered = 0
+        self._connection = connection
+        self._pool = pool
+        self._released = False
+
+    async def read_any(self) -> bytes:
+        """What has come of the body since the last read, waiting for some; b"" at its end."""
+        connection = self._connection
+        while not self.chunks:
+            if self.complete:
+                return b""
+            await connection.wait()
+        chunks = self.chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self.buffered = 0
+        connection.consumed()
+        return data
+
+    async def chunks_as_they_come(self) -> AsyncIterator[bytes]:
+        while data := await self.read_any():
+            yield data
+
+    def release(self) -> None:
+        """Done with the answer: the connection goes back to the pool if the answer was read to its end and
+        the upstream keeps connections open, else it is closed."""
+        if self._released:
+            return
+        self._released = True
+        connection = self._connection
+        connection.response = None
+        if self.complete and self.keep_alive and not connection.closed:
+            self._pool.put(connection)
+        else:
+            connection.close()
+
+    def close(self) -> None:
+        """Stop reading: the connection is closed, so the upstream stops sending (and generating)."""
+        self._connection.close()
+        self.release()
+
+
+class _Pool:
+    """The idle connections to one upstream, the most recently used first."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, keepalive: float) -> None:
+        self._loop = loop
+        self._keepalive = keepalive
+        self.idle: list[_Connection] = []
+
+    def take(self) -> _Connection | None:
+        idle = self.idle
+        oldest = self._loop.time() - self._keepalive
+        while idle:
+            connection = idle.pop()
+            if connection.idle_since < oldest:
+                connection.close()
+            elif not connection.closed:
+                return connection
+        return None
+
+    def put(self, connection: _Connection) -> None:
+        connection.idle_since = self._loop.time()
+        self.idle.append(connection)
+
+    def sweep(self) -> None:
+        """Close what has stayed idle past the keep-alive time (an upstream may drop it any moment now)."""
+        oldest = self._loop.time() - self._keepalive
+        keep = []
+        for connection in self.idle:
+            if connection.closed:
+                continue
+            if connection.idle_since < oldest:
+                connection.close()
+            else:
+                keep.append(connection)
+        self.idle = keep
+
+    def close(self) -> None:
+        for connection in self.idle:
+            connection.close()
+        self.idle = []
+
+
+class UpstreamClient:
+    """Requests to any number of upstreams, each over its own pool of keep-alive connections."""
+
+    def __init__(self, connect_timeout: float, read_timeout: float, keepalive: float = 30.0) -> None:
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._keepalive = keepalive
+        self._pools: dict[tuple[str, str, int], _Pool] = {}
+        self._ssl: ssl.SSLContext | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def request(self, method: str, url: URL, headers: CIMultiDict[str],
+                      body: bytes | AsyncIterator[bytes] | None) -> UpstreamResponse:
+        """Send the request and wait for the answer's head. A body given as chunks goes out as they come:
+        with the `Content-Length` among `headers` if there is one, else chunked."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+            self._sweeper = loop.call_later(_IDLE_CHECK, self._sweep)
+        key = (url.scheme, url.raw_host or "", url.port or 0)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = _Pool(loop, self._keepalive)
+        connection = pool.take() or await self._connect(loop, url)
+        response = UpstreamResponse(connection, pool)
+        try:
+            head = self._head(method, url, headers, body)
+            connection.start(response)
+            if body is None or isinstance(body, (bytes, bytearray)):
+                connection.transport.write(head + body if body else head)
+            else:
+                await self._send_chunks(connection, head, body, "Content-Length" not in headers)
+            while not response.headers_read:
+                await connection.wait()
+            if method == "HEAD":  # its answer has no body, whatever its head says; the parser cannot know
+                response.complete = True
+                response.keep_alive = False
+        except BaseException:
+            response.close()
+            raise
+        return response
+
+    @staticmethod
+    def _head(method: str, url: URL, headers: CIMultiDict[str], body) -> bytes:
+        lines = [f"{method} {url.raw_path_qs} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"]
+        for name, value in headers.items():
+            if "\n" in value or "\r" in value:
+                raise ValueError(f"header {name} has a line break in its value")
+            lines.append(f"{name}: {value}\r\n")
+        if isinstance(body, (bytes, bytearray)):
+            lines.append(f"Content-Length: {len(body)}\r\n")
+        elif body is not None and "Content-Length" not in headers:
+            lines.append("Transfer-Encoding: chunked\r\n")
+        lines.append("\r\n")
+        return "".join(lines).encode("utf-8", "surrogateescape")  # header bytes as the client sent them
+
+    @staticmethod
+    async def _send_chunks(connection: _Connection, head: bytes, body: AsyncIterator[bytes], chunked: bool) -> None:
+        write = connection.transport.write
+        write(head)
+        async for chunk in body:
+            if chunk:
+                write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+                await connection.drain()
+            if connection.closed:
+                raise ConnectionBroken("the upstream closed the connection while the request was sent")
+        if chunked:
+            write(b"0\r\n\r\n")
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop, url: URL) -> _Connection:
+        secure = url.scheme == "https"
+        if secure and self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        host = url.raw_host or ""
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(loop, self._read_timeout), host.strip("[]"), url.port,
+                    ssl=self._ssl if secure else None, server_hostname=url.host if secure else None)
+        except TimeoutError:
+            raise
+        except OSError as exc:  # refused, unreachable, not resolved, or a certificate not trusted
+            raise ConnectFailed(exc) from exc
+        return connection
+
+    def _sweep(self) -> None:
+        for pool in self._pools.values():
+            pool.sweep()
+        self._sweeper = self._loop.call_later(_IDLE_CHECK, self._sweep)
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
