@@ -115,10 +115,10 @@ class FakeUpstream:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    async def start(self, port: int = 0) -> "FakeUpstream":
+    async def start(self, port: int = 0, ssl_context=None) -> "FakeUpstream":
         self._runner = web.AppRunner(self.app, handler_cancellation=True, shutdown_timeout=0.5)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", port)
+        site = web.TCPSite(self._runner, "127.0.0.1", port, ssl_context=ssl_context)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         return self
