@@ -409,3 +409,14 @@ async def test_unknown_route_is_openai_shaped_404(proxy):
         async with http.get(f"{proxy.root}/nope") as r:
             assert r.status == 404
             assert (await r.json())["error"]["code"] == "not_found"
+
+
+async def test_a_method_a_path_does_not_take_is_openai_shaped_405(proxy):
+    async with aiohttp.ClientSession() as http:
+        async with http.delete(f"{proxy.root}/healthz") as r:
+            assert r.status == 405
+            assert set(r.headers["Allow"].split(",")) == {"GET", "HEAD"}
+            assert (await r.json())["error"]["code"] == "method_not_allowed"
+        async with http.get(f"{proxy.root}/metrics") as r:
+            counted = await r.text()
+    assert 'loopwarden_requests_total{route="unmatched",status="405"} 1.0' in counted

@@ -52,37 +52,57 @@ INSPECTED_ANSWER_BYTES = MAX_EVENT_BYTES
 # (headers trickled a byte at a time), and while its body has stopped arriving (answered 408).
 CLIENT_IDLE_TIMEOUT = 75.0
 # The codes of the errors raised as HTTP exceptions (a 400 is raised only for a body that cannot be read).
-_ERROR_CODES = {400: "invalid_body", 404: "not_found", 408: "request_timeout", 415: "unsupported_encoding"}
+_ERROR_CODES = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
+                415: "unsupported_encoding"}
+_UNROUTED = "/{tail}"
 
 
-@web.middleware
-async def served(request: web.Request, handler) -> web.StreamResponse:
-    """Every answer counted by route and status; and every error the proxy itself gives in the OpenAI shape,
-    never HTML or a traceback. (One middleware: each one is a coroutine more on every request.)"""
-    response = await _openai_errors(request, handler)
-    resource = request.match_info.route.resource
-    request.app[METRICS].served(resource.canonical if resource else "unmatched", response.status)
-    return response
+def served(metrics: Metrics, route: str, handler):
+    """A route's handler, its every answer counted by route and status, and every error the proxy itself gives
+    in the OpenAI shape, never HTML or a traceback. (A wrapper made once per route rather than a middleware:
+    aiohttp runs middlewares through two coroutines more on every request.)"""
 
-
-async def _openai_errors(request: web.Request, handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except web.HTTPRequestEntityTooLarge:
-        limit = request.app[SETTINGS].max_body_bytes
-        return json_error(413, f"request body is larger than the limit of {limit} bytes",
-                          "invalid_request_error", "request_too_large")
-    except web.HTTPException as exc:
-        if exc.status < 400:
+    async def serve(request: web.Request) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except web.HTTPRequestEntityTooLarge:
+            limit = request.app[SETTINGS].max_body_bytes
+            response = json_error(413, f"request body is larger than the limit of {limit} bytes",
+                                  "invalid_request_error", "request_too_large")
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            allow = exc.headers.get("Allow")
+            response = json_error(exc.status, exc.reason or "error", "invalid_request_error",
+                                  _ERROR_CODES.get(exc.status), headers={"Allow": allow} if allow else None)
+        except UpstreamFailure as exc:
+            response = exc.response()
+        except (asyncio.CancelledError, ConnectionResetError):
             raise
-        return json_error(exc.status, exc.reason or "error", "invalid_request_error", _ERROR_CODES.get(exc.status))
-    except UpstreamFailure as exc:
-        return exc.response()
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return json_error(500, "internal proxy error", "internal_error", "internal_error")
+        except Exception:
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            response = json_error(500, "internal proxy error", "internal_error", "internal_error")
+        metrics.served(route, response.status)
+        return response
+
+    return serve
+
+
+def _route_label(path: str) -> str:
+    """A route as metrics name it: its path as aiohttp spells it canonically (`/v1/{tail}`)."""
+    canonical = re.sub(r"\{(\w+)(:[^{}]*)?\}", r"{\1}", path)
+    return "unmatched" if canonical == _UNROUTED else canonical
+
+
+async def unrouted(request: web.Request) -> web.StreamResponse:
+    """A path no route serves: 404; or 405 when one serves the path with other methods."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource.canonical != _UNROUTED:
+            allowed |= (await resource.resolve(request))[1]
+    if allowed:
+        raise web.HTTPMethodNotAllowed(request.method, allowed)
+    raise web.HTTPNotFound()
 
 
 def _check_length(request: web.Request) -> None:
@@ -502,7 +522,7 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
 
 def create_app(settings: Settings) -> web.Application:
     logging.getLogger("aiohttp.server").addFilter(malformed_requests_in_one_line)  # once: the same function
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[served],
+    app = web.Application(client_max_size=settings.max_body_bytes,
                           handler_args={"auto_decompress": False})  # request bodies relayed as they came
     metrics = Metrics()
     store = Store(settings.database_url, settings.log_buffer_size, on_drop=metrics.log_dropped.inc,
@@ -525,7 +545,8 @@ def create_app(settings: Settings) -> web.Application:
         await app[TELEMETRY].close()
 
     app.cleanup_ctx.append(client_context)
-    app.router.add_routes(web.RouteDef(route.method, route.path, route.handler,
+    app.router.add_routes(web.RouteDef(route.method, route.path,
+                                       served(metrics, _route_label(route.path), route.handler),
                                        {**route.kwargs, "expect_handler": expect_continue})
                           for route in [web.get("/healthz", healthz), web.get("/readyz", readyz),
                                         web.get("/", healthz),  # clients probe the base URL (Claude Code: HEAD /)
@@ -534,5 +555,6 @@ def create_app(settings: Settings) -> web.Application:
                                         web.route("*", "/v1beta/models/{target}", gemini),
                                         web.route("*", "/v1/models/{target:[^/]*:[^/]*}", gemini),
                                         web.route("*", "/v1beta/{tail:.*}", gemini_passthrough),
-                                        web.route("*", "/v1/{tail:.*}", passthrough)])
+                                        web.route("*", "/v1/{tail:.*}", passthrough),
+                                        web.route("*", "/{tail:.*}", unrouted)])
     return app
