@@ -105,8 +105,7 @@ async def unrouted(request: web.Request) -> web.StreamResponse:
     raise web.HTTPNotFound()
 
 
-def _check_length(request: web.Request) -> None:
-    limit = request.app[SETTINGS].max_body_bytes
+def _check_length(request: web.Request, limit: int) -> None:
     if request.content_length is not None and request.content_length > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
 
@@ -132,36 +131,36 @@ def inspected(dialect: Dialect):
 
 async def _inspected(request: web.Request, dialect: Dialect, span) -> web.StreamResponse:
     """One watched request; `span`, when tracing is on, learns what it came to."""
-    settings = request.app[SETTINGS]
-    _check_length(request)
-
-    def refused(message: str, code: str) -> web.Response:  # in the dialect's own error shape
-        return json_error(400, message, "invalid_request_error", code, shape=dialect.error_body)
-
+    app = request.app
+    settings = app[SETTINGS]
+    _check_length(request, settings.max_body_bytes)
     content_type = request.headers.get("Content-Type", "application/json")
     if "json" not in content_type.lower():
-        return refused(f"Content-Type must be application/json, got {content_type!r}", "invalid_content_type")
+        return _refused(dialect, f"Content-Type must be application/json, got {content_type!r}",
+                        "invalid_content_type")
     raw = await _whole_body(request, settings.max_body_bytes)
     if not raw or raw.isspace():
-        return refused("request body is empty; expected a JSON object", "invalid_json")
+        return _refused(dialect, "request body is empty; expected a JSON object", "invalid_json")
     try:
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        return refused(f"request body is not valid JSON: {exc}", "invalid_json")
+        return _refused(dialect, f"request body is not valid JSON: {exc}", "invalid_json")
     if not isinstance(payload, dict):
-        return refused("request body must be a JSON object", "invalid_json")
+        return _refused(dialect, "request body must be a JSON object", "invalid_json")
 
-    metrics = request.app[METRICS]
-    guard = request.app[GUARD]
+    metrics = app[METRICS]
+    guard = app[GUARD]
     began = time.perf_counter()
     if span is not None:
         Telemetry.request(span, payload, dialect, request.rel_url.raw_path)
-    chain = await guard.chain.load(request.headers, payload, dialect)
+    chain = guard.chain.load(request.headers, payload, dialect)
+    if chain is not None:
+        chain = await chain
     try:
         verdict = guard.inspector.inspect(Incoming(request.headers, raw, payload, dialect, chain,
                                                    request.rel_url.raw_path), span)
     except RequestError as exc:
-        return refused(str(exc), "invalid_value")
+        return _refused(dialect, str(exc), "invalid_value")
     if isinstance(verdict, Stop):
         if span is not None:
             Telemetry.answered(span, verdict.headers, None, verdict.status)
@@ -169,12 +168,11 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
                             headers=verdict.headers)
     tap = verdict.tap
     upstream_dialect = relay_dialect(request.headers, request.rel_url.query, dialect)
-    headers = upstream_headers(request, settings, upstream_dialect, identity=True)
-    headers.pop("Content-Encoding", None)  # the body goes up as read here, decoded
+    headers = upstream_headers(request, settings, upstream_dialect, inspected=True)
     url = upstream_dialect.upstream_url(settings, request.rel_url.raw_path, request.rel_url.raw_query_string)
     sent = time.perf_counter()
     metrics.overhead.observe(sent - began)
-    async with open_upstream(request.app[CLIENT], "POST", url, headers, verdict.body) as upstream:
+    async with open_upstream(app[CLIENT], "POST", url, headers, verdict.body) as upstream:
         metrics.upstream_latency.observe(time.perf_counter() - sent)
         request_id = upstream.headers.get("x-request-id")
         if tap is not None:
@@ -224,6 +222,11 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
             if span is not None:
                 Telemetry.answered(span, verdict.headers, request_id, 200, answer)
         return web.Response(status=200, body=body, headers=response_headers)
+
+
+def _refused(dialect: Dialect, message: str, code: str) -> web.Response:
+    """A request the proxy cannot read, refused in its dialect's own error shape."""
+    return json_error(400, message, "invalid_request_error", code, shape=dialect.error_body)
 
 
 def _uninspected(request: web.Request, verdict: Forward, unpacked: str) -> None:
@@ -429,14 +432,13 @@ async def passthrough(request: web.Request, dialect: Dialect | None = None) -> w
     if canonical is not None:  # relayed as it is, the conversation would go by unwatched
         return json_error(400, f"use the path {canonical}: another spelling of a watched path is refused",
                           "invalid_request_error", "invalid_path")
-    _check_length(request)
+    _check_length(request, settings.max_body_bytes)
     dialect = relay_dialect(request.headers, request.rel_url.query, dialect or OPENAI)
-    headers = upstream_headers(request, settings, dialect, identity=False)
-    if request.content_length is not None:
-        headers["Content-Length"] = str(request.content_length)
+    headers = upstream_headers(request, settings, dialect, inspected=False)
     data = _body(request, settings.max_body_bytes) if request.body_exists else None
     url = dialect.upstream_url(settings, request.rel_url.raw_path, request.rel_url.raw_query_string)
-    async with open_upstream(request.app[CLIENT], request.method, url, headers, data) as upstream:
+    async with open_upstream(request.app[CLIENT], request.method, url, headers, data,
+                             request.content_length) as upstream:
         return await _relay_body(request, upstream, client_headers(upstream))
 
 

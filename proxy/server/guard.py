@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from typing import Mapping
+from typing import Awaitable, Mapping
 
 from proxy.config import Settings
 from proxy.conversation import Chain
@@ -33,12 +33,13 @@ class ResponseChain:
     def __init__(self, store) -> None:
         self.store = store
 
-    async def load(self, headers: Mapping[str, str], payload: dict, dialect: Dialect) -> Chain | None:
-        """Never fails the request."""
+    def load(self, headers: Mapping[str, str], payload: dict, dialect: Dialect) -> Awaitable[Chain | None] | None:
+        """What the request continues, to be awaited; None when it continues nothing (most requests: nothing
+        to wait for). Never fails the request."""
         previous, conversation = dialect.chain_ids(payload)
         if self.store is None or (previous is None and conversation is None) or is_judge(headers):
             return None
-        return await self.store.chain(tenant_of(client_key(headers)), previous, conversation)
+        return self.store.chain(tenant_of(client_key(headers)), previous, conversation)
 
     def keep(self, tenant, response_id, previous, conversation_id, session_id, messages) -> None:
         self.store.record_response(tenant, response_id, previous, conversation_id, session_id, messages)

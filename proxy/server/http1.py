@@ -15,13 +15,15 @@ import ssl
 from typing import AsyncIterator
 
 import httptools
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 from yarl import URL
 
 # Past this much unread answer the connection stops reading, so a slow client slows the upstream down
 # instead of filling memory.
 _HIGH_WATER = 256 * 1024
 _IDLE_CHECK = 10.0  # seconds between sweeps of idle connections
+# Methods whose request says its length even when empty (some servers answer 411 to a POST that does not).
+_SENDS_A_BODY = frozenset({"POST", "PUT", "PATCH"})
 
 
 class UpstreamError(Exception):
@@ -122,7 +124,8 @@ class _Connection(asyncio.Protocol):
             raise httptools.HttpParserError("more than one answer to a request")
         response.status = status
         response.reason = self._reason
-        response.headers = CIMultiDictProxy(CIMultiDict(headers))
+        response.raw_headers = headers
+        response.headers = CIMultiDict(headers)
         response.keep_alive = self._parser.should_keep_alive()
         length = response.headers.get("Content-Length")
         response.content_length = int(length) if length is not None and length.isdigit() else None
@@ -210,13 +213,14 @@ class _Connection(asyncio.Protocol):
 class UpstreamResponse:
     """The upstream's answer: its head once `UpstreamClient.request` returns, its body read as it comes."""
 
-    __slots__ = ("status", "reason", "headers", "content_length", "keep_alive", "until_close", "headers_read",
+    __slots__ = ("status", "reason", "headers", "raw_headers", "content_length", "keep_alive", "until_close", "headers_read",
                  "complete", "chunks", "buffered", "_connection", "_pool", "_released")
 
     def __init__(self, connection: _Connection, pool: _Pool) -> None:
         self.status = 0
         self.reason = ""
-        self.headers: CIMultiDictProxy[str] | None = None
+        self.headers: CIMultiDict[str] | None = None  # for lookups; not to be changed
+        self.raw_headers: list[tuple[str, str]] = []  # as they came
         self.content_length: int | None = None
         self.keep_alive = False
         self.until_close = False
@@ -307,6 +311,34 @@ class _Pool:
         self.idle = []
 
 
+def _head(method: str, url: URL, headers: list[tuple[bytes, bytes]], length: int | None, chunked: bool) -> bytes:
+    """The request line and headers, the headers' bytes as the client sent them."""
+    lines = [f"{method} {url.raw_path_qs} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n".encode()]
+    for name, value in headers:
+        if b"\n" in value or b"\r" in value:
+            raise ValueError(f"header {name.decode('latin-1')} has a line break in its value")
+        lines += (name, b": ", value, b"\r\n")
+    if length is not None:
+        lines.append(b"Content-Length: %d\r\n" % length)
+    elif chunked:
+        lines.append(b"Transfer-Encoding: chunked\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+async def _send_chunks(connection: _Connection, head: bytes, body: AsyncIterator[bytes], chunked: bool) -> None:
+    write = connection.transport.write
+    write(head)
+    async for chunk in body:
+        if chunk:
+            write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+            await connection.drain()
+        if connection.closed:
+            raise ConnectionBroken("the upstream closed the connection while the request was sent")
+    if chunked:
+        write(b"0\r\n\r\n")
+
+
 class UpstreamClient:
     """Requests to any number of upstreams, each over its own pool of keep-alive connections."""
 
@@ -319,14 +351,20 @@ class UpstreamClient:
         self._sweeper: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def request(self, method: str, url: URL, headers: CIMultiDict[str],
-                      body: bytes | AsyncIterator[bytes] | None) -> UpstreamResponse:
+    async def request(self, method: str, url: URL, headers: list[tuple[bytes, bytes]],
+                      body: bytes | AsyncIterator[bytes] | None, length: int | None = None) -> UpstreamResponse:
         """Send the request and wait for the answer's head. A body given as chunks goes out as they come:
-        with the `Content-Length` among `headers` if there is one, else chunked."""
+        with its `length` when known, else chunked."""
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
             self._sweeper = loop.call_later(_IDLE_CHECK, self._sweep)
+        if body is None:
+            length = 0 if method in _SENDS_A_BODY else None
+        elif isinstance(body, bytes):
+            length = len(body)
+        chunked = length is None and body is not None
+        head = _head(method, url, headers, length, chunked)
         key = (url.scheme, url.raw_host or "", url.port or 0)
         pool = self._pools.get(key)
         if pool is None:
@@ -334,12 +372,11 @@ class UpstreamClient:
         connection = pool.take() or await self._connect(loop, url)
         response = UpstreamResponse(connection, pool)
         try:
-            head = self._head(method, url, headers, body)
             connection.start(response)
-            if body is None or isinstance(body, (bytes, bytearray)):
+            if body is None or isinstance(body, bytes):
                 connection.transport.write(head + body if body else head)
             else:
-                await self._send_chunks(connection, head, body, "Content-Length" not in headers)
+                await _send_chunks(connection, head, body, chunked)
             while not response.headers_read:
                 await connection.wait()
             if method == "HEAD":  # its answer has no body, whatever its head says; the parser cannot know
@@ -349,33 +386,6 @@ class UpstreamClient:
             response.close()
             raise
         return response
-
-    @staticmethod
-    def _head(method: str, url: URL, headers: CIMultiDict[str], body) -> bytes:
-        lines = [f"{method} {url.raw_path_qs} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"]
-        for name, value in headers.items():
-            if "\n" in value or "\r" in value:
-                raise ValueError(f"header {name} has a line break in its value")
-            lines.append(f"{name}: {value}\r\n")
-        if isinstance(body, (bytes, bytearray)):
-            lines.append(f"Content-Length: {len(body)}\r\n")
-        elif body is not None and "Content-Length" not in headers:
-            lines.append("Transfer-Encoding: chunked\r\n")
-        lines.append("\r\n")
-        return "".join(lines).encode("utf-8", "surrogateescape")  # header bytes as the client sent them
-
-    @staticmethod
-    async def _send_chunks(connection: _Connection, head: bytes, body: AsyncIterator[bytes], chunked: bool) -> None:
-        write = connection.transport.write
-        write(head)
-        async for chunk in body:
-            if chunk:
-                write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
-                await connection.drain()
-            if connection.closed:
-                raise ConnectionBroken("the upstream closed the connection while the request was sent")
-        if chunked:
-            write(b"0\r\n\r\n")
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, url: URL) -> _Connection:
         secure = url.scheme == "https"

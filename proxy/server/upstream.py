@@ -25,7 +25,13 @@ HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
      "trailer", "trailers", "transfer-encoding", "upgrade"}
 )
-_NOT_FORWARDED_UP = HOP_BY_HOP | {"host", "content-length", "expect"}  # the proxy answers `Expect` itself
+# Lowercase names, as bytes: the request's headers are filtered as the client sent them, never decoded.
+_NOT_FORWARDED_UP = frozenset(name.encode() for name in HOP_BY_HOP | {"host", "content-length", "expect"})  # the
+# proxy answers `Expect` itself
+# A watched request's body goes up as read here, decoded; the tap reads the answer's bytes as they come (a
+# compressed stream would need a second decode), so the identity encoding is asked for.
+_NOT_FORWARDED_INSPECTED = _NOT_FORWARDED_UP | {b"content-encoding", b"accept-encoding"}
+_IDENTITY = (b"Accept-Encoding", b"identity")
 _NOT_FORWARDED_DOWN = HOP_BY_HOP | {"content-length", "server", "date"}
 
 
@@ -50,28 +56,28 @@ def json_error(status: int, message: str, type_: str, code: str | None = None,
 
 
 def upstream_headers(request: web.Request, settings: Settings, dialect: Dialect, *,
-                     identity: bool) -> CIMultiDict[str]:
-    headers: CIMultiDict[str] = CIMultiDict()
-    # Headers the client names in `Connection` are for this hop only too (RFC 9110 §7.6.1).
-    named = {token.strip().lower() for value in request.headers.getall("Connection", ()) for token in value.split(",")}
-    for name, value in request.headers.items():
-        lower = name.lower()
-        if lower in _NOT_FORWARDED_UP or lower in named or lower.startswith("x-loopwarden-"):
-            continue
-        headers.add(name, value)
-    dialect.authorize(headers, settings)
-    if identity:
-        # The tap reads the bytes as they are; compressed SSE would need a second decode.
-        headers["Accept-Encoding"] = "identity"
+                     inspected: bool) -> list[tuple[bytes, bytes]]:
+    """The client's headers as they go up: for this hop's own, and loopwarden's, left out; the upstream key
+    in the dialect's header when one is configured."""
+    dropped = _NOT_FORWARDED_INSPECTED if inspected else _NOT_FORWARDED_UP
+    connection = request.headers.getall("Connection", ())
+    if connection:  # the headers it names are for this hop only too (RFC 9110 §7.6.1)
+        dropped = dropped | {token.strip().lower().encode("utf-8", "surrogateescape") for value in connection for token in value.split(",")}
+    credentials = dialect.credentials(settings)
+    if credentials is not None:
+        dropped = dropped | credentials[0]
+    headers = [(name, value) for name, value in request.raw_headers
+               if (lower := name.lower()) not in dropped and not lower.startswith(b"x-loopwarden-")]
+    if credentials is not None:
+        headers.append(credentials[1:])
+    if inspected:
+        headers.append(_IDENTITY)
     return headers
 
 
 def client_headers(upstream: UpstreamResponse) -> CIMultiDict[str]:
-    headers: CIMultiDict[str] = CIMultiDict()
-    for name, value in upstream.headers.items():
-        if name.lower() not in _NOT_FORWARDED_DOWN:
-            headers.add(name, value)
-    return headers
+    return CIMultiDict([(name, value) for name, value in upstream.raw_headers
+                        if name.lower() not in _NOT_FORWARDED_DOWN])
 
 
 def climbs(raw_path: str) -> bool:
@@ -86,17 +92,18 @@ def make_upstream_client(settings: Settings) -> UpstreamClient:
 
 
 @asynccontextmanager
-async def open_upstream(client: UpstreamClient, method: str, url: URL, headers: CIMultiDict[str],
-                        data) -> AsyncIterator[UpstreamResponse]:
-    """Send the request; failures before a response are raised as UpstreamFailure. Credentials in the URL
-    (`https://user:pass@host/v1`) travel as its Authorization header, in place of the client's."""
+async def open_upstream(client: UpstreamClient, method: str, url: URL, headers: list[tuple[bytes, bytes]],
+                        data, length: int | None = None) -> AsyncIterator[UpstreamResponse]:
+    """Send the request (`length`: that of a body given as chunks, when known); failures before a response are
+    raised as UpstreamFailure. Credentials in the URL (`https://user:pass@host/v1`) travel as its Authorization
+    header, in place of the client's."""
     if url.user is not None:
-        headers = CIMultiDict(headers)
         pair = f"{url.user or ''}:{url.password or ''}".encode()
-        headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+        headers = [(name, value) for name, value in headers if name.lower() != b"authorization"]
+        headers.append((b"Authorization", b"Basic " + base64.b64encode(pair)))
         url = url.with_user(None)
     try:
-        response = await client.request(method, url, headers, data)
+        response = await client.request(method, url, headers, data, length)
     except TimeoutError as exc:
         raise UpstreamFailure(504, "upstream_timeout", f"upstream did not answer in time ({shown_url(str(url))})") from exc
     except ConnectFailed as exc:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.conversation import ASSISTANT, Conversation, LazyMessages, Message, ToolCall, from_record, insert_placed
-from proxy.wire.dialect import DialectDefaults, RequestError, join_url, positive_int, sse
+from proxy.wire.dialect import Credentials, DialectDefaults, RequestError, join_url, positive_int, sse
 from proxy.wire.errors import error_body, sse_error_event
 
+_AUTHORIZATION = frozenset({b"authorization"})
 
 class OpenAIDialect(DialectDefaults):
     """What the OpenAI dialects share: the upstream, its bearer key, the error shape."""
@@ -37,9 +37,10 @@ class OpenAIDialect(DialectDefaults):
         return join_url(settings.upstream_url, raw_path.removeprefix("/v1"), raw_query)
 
     @staticmethod
-    def authorize(headers: CIMultiDict[str], settings) -> None:
+    def credentials(settings) -> Credentials | None:
         if settings.upstream_api_key:
-            headers["Authorization"] = f"Bearer {settings.upstream_api_key}"
+            return _AUTHORIZATION, b"Authorization", f"Bearer {settings.upstream_api_key}".encode()
+        return None
 
     error_body = staticmethod(error_body)
     stream_error = staticmethod(sse_error_event)

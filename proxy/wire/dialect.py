@@ -11,10 +11,13 @@ import functools
 from typing import Any, Mapping, Protocol
 
 import orjson
-from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.conversation import Conversation, Message, RequestError  # noqa: F401 (the dialects raise it)
+
+# An upstream key as a dialect sends it: the lowercase names of the client's headers it replaces, the header's
+# name and its value.
+Credentials = tuple[frozenset[bytes], bytes, bytes]
 
 
 class StreamAssembler(Protocol):
@@ -61,8 +64,9 @@ class Dialect(Protocol):
     def upstream_url(self, settings, raw_path: str, raw_query: str) -> URL:
         """Where a request goes, its path and query as the client encoded them (`raw_path` is the full path)."""
 
-    def authorize(self, headers: CIMultiDict[str], settings) -> None:
-        """Put the configured upstream key in the request's headers, in the way this dialect's key travels."""
+    def credentials(self, settings) -> Credentials | None:
+        """The configured upstream key as this dialect's key travels: the (lowercase) names of the client's
+        headers it replaces, and the header that carries it. None: the client's own key goes up."""
 
     def read(self, payload: dict, history: list[Message] | None = None) -> Conversation:
         """The request's conversation (`history`: what a chained request continues). Raises RequestError."""

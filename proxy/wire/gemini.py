@@ -17,13 +17,13 @@ from typing import Any, Mapping
 from urllib.parse import parse_qsl, unquote, urlencode
 
 import orjson
-from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.conversation import ASSISTANT, SYSTEM, TOOL, USER, Anchor, Conversation, Message, Messages, ToolCall, \
     arguments_text, insert_placed
-from proxy.wire.dialect import DialectDefaults, RequestError, join_url, positive_int, sse
+from proxy.wire.dialect import Credentials, DialectDefaults, RequestError, join_url, positive_int, sse
 
+_REPLACED = frozenset({b"authorization", b"x-goog-api-key"})  # whichever auth the client used
 # The methods whose conversations are watched; the rest (`countTokens`, `embedContent`, ...) are relayed.
 INSPECTED_METHODS = ("generateContent", "streamGenerateContent")
 # User text an agent wrote, not a person (Gemini CLI's own loop notice, the proxy's warnings): it starts no task.
@@ -151,10 +151,10 @@ class GeminiDialect(DialectDefaults):
         return join_url(base, raw_path, raw_query)
 
     @staticmethod
-    def authorize(headers: CIMultiDict[str], settings) -> None:
+    def credentials(settings) -> Credentials | None:
         if settings.gemini_upstream_api_key:
-            headers.popall("Authorization", None)
-            headers["x-goog-api-key"] = settings.gemini_upstream_api_key
+            return _REPLACED, b"x-goog-api-key", settings.gemini_upstream_api_key.encode()
+        return None
 
     @staticmethod
     def read(payload: dict, history: list[Message] | None = None) -> Conversation:

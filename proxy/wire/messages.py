@@ -18,13 +18,13 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import orjson
-from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.conversation import ASSISTANT, CUT_NOTICE_PREFIX, SYSTEM, TOOL, USER, Anchor, Conversation, Message, \
     Messages, ToolCall, arguments_text, insert_placed
-from proxy.wire.dialect import DialectDefaults, RequestError, join_url, positive_int, sse
+from proxy.wire.dialect import Credentials, DialectDefaults, RequestError, join_url, positive_int, sse
 
+_REPLACED = frozenset({b"authorization", b"x-api-key"})
 _ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})
 # Text a user message carries that an agent wrote, not a person: it never starts a task.
 _AGENT_TEXT = ("<system-reminder>", "[loopwarden] ")
@@ -134,10 +134,10 @@ class MessagesDialect(DialectDefaults):
         return join_url(anthropic_root(settings.anthropic_upstream_url), raw_path, raw_query)
 
     @staticmethod
-    def authorize(headers: CIMultiDict[str], settings) -> None:
+    def credentials(settings) -> Credentials | None:
         if settings.anthropic_upstream_api_key:  # whichever auth style the client used, the key replaces it
-            headers.popall("Authorization", None)
-            headers["x-api-key"] = settings.anthropic_upstream_api_key
+            return _REPLACED, b"x-api-key", settings.anthropic_upstream_api_key.encode()
+        return None
 
     @staticmethod
     def read(payload: dict, history: list[Message] | None = None) -> Conversation:
