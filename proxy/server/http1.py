@@ -1,6 +1,6 @@
 """The upstream client: HTTP/1.1 over pooled keep-alive connections, parsed by httptools (llhttp).
 
-A request costs a quarter of what aiohttp's client spends on it (BENCHMARKS, "The upstream client"), which
+A request costs a quarter of what aiohttp's client spends on it (BENCHMARKS, "The upstream client, ..."), which
 was the largest single cost of a forwarded request. It does only what forwarding needs: one request per
 connection at a time, the request's body whole or streamed, the answer's body as it comes with back
 pressure, a connect timeout and a read timeout (the longest the upstream may stay silent), TLS with the
@@ -213,8 +213,8 @@ class _Connection(asyncio.Protocol):
 class UpstreamResponse:
     """The upstream's answer: its head once `UpstreamClient.request` returns, its body read as it comes."""
 
-    __slots__ = ("status", "reason", "headers", "raw_headers", "content_length", "keep_alive", "until_close", "headers_read",
-                 "complete", "chunks", "buffered", "_connection", "_pool", "_released")
+    __slots__ = ("status", "reason", "headers", "raw_headers", "content_length", "keep_alive", "until_close",
+                 "headers_read", "complete", "chunks", "buffered", "_connection", "_pool", "_released")
 
     def __init__(self, connection: _Connection, pool: _Pool) -> None:
         self.status = 0
@@ -397,7 +397,7 @@ class UpstreamClient:
                 _, connection = await loop.create_connection(
                     lambda: _Connection(loop, self._read_timeout), host.strip("[]"), url.port,
                     ssl=self._ssl if secure else None, server_hostname=url.host if secure else None)
-        except TimeoutError:
+        except TimeoutError:  # an OSError too, but a timeout (504), not a refusal
             raise
         except OSError as exc:  # refused, unreachable, not resolved, or a certificate not trusted
             raise ConnectFailed(exc) from exc

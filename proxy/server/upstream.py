@@ -62,7 +62,8 @@ def upstream_headers(request: web.Request, settings: Settings, dialect: Dialect,
     dropped = _NOT_FORWARDED_INSPECTED if inspected else _NOT_FORWARDED_UP
     connection = request.headers.getall("Connection", ())
     if connection:  # the headers it names are for this hop only too (RFC 9110 §7.6.1)
-        dropped = dropped | {token.strip().lower().encode("utf-8", "surrogateescape") for value in connection for token in value.split(",")}
+        dropped = dropped | {token.strip().lower().encode("utf-8", "surrogateescape")
+                             for value in connection for token in value.split(",")}
     credentials = dialect.credentials(settings)
     if credentials is not None:
         dropped = dropped | credentials[0]
