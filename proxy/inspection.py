@@ -33,6 +33,7 @@ from proxy.detect.engine import (
     answer_action,
     ends_task,
     episodes,
+    fingerprints_of,
     system_text,
 )
 from proxy.detect.judge_policy import JudgeCheck, check_due
@@ -74,8 +75,15 @@ def session_of(headers: Mapping[str, str], messages: list[Message], tenant: str,
                side: bool = False) -> str:
     """The session's id: a header, else the conversation of the chain the request continues or its session,
     else a fingerprint of the key and how the conversation began. State is kept per (tenant, id), never per id
-    alone. Claude Code's subagents and an agent's side requests share its session header but are
-    conversations of their own."""
+    alone."""
+    named = named_session(headers, chain, side)
+    return named if named is not None else opening_fingerprint(tenant, messages)[0]
+
+
+def named_session(headers: Mapping[str, str], chain: Chain | None = None, side: bool = False) -> str | None:
+    """The session's id as a header names it, or the chain the request continues; None when neither does.
+    Claude Code's subagents and an agent's side requests share its session header but are conversations of
+    their own."""
     for header in SESSION_HEADERS:
         value = headers.get(header)
         if value and (value := value.strip()):
@@ -89,8 +97,16 @@ def session_of(headers: Mapping[str, str], messages: list[Message], tenant: str,
         return _printable(chain.conversation_id)[:256]
     if chain is not None and chain.session_id:
         return chain.session_id
+    return None
+
+
+def opening_fingerprint(tenant: str, messages: Sequence[Message]) -> tuple[str, int]:
+    """The id of a session no header names: a fingerprint of the key, the system text and the person's first
+    prompt; and how many of the first messages it was read from (0 when no person wrote yet)."""
     system = system_text(messages)
-    return "fp-" + digest(f"{tenant}\x00{system}\x00{first_prompt(messages, system)}").hex()[:16]
+    prompt, place = opening_prompt(messages, system)
+    session = "fp-" + digest(f"{tenant}\x00{system}\x00{prompt}").hex()[:16]
+    return session, (max(place + 1, 2) if place >= 0 else 0)
 
 
 def first_prompt(messages: Sequence[Message], system: str | None = None) -> str:
@@ -98,8 +114,12 @@ def first_prompt(messages: Sequence[Message], system: str | None = None) -> str:
     own preamble (Aider's file-context message, which moves after the first request, and its example
     conversation) is skipped, and the reminder it appends to the newest message is cut. (`system`: the
     conversation's system text, when the caller has it.)"""
-    return person_text((m.text for m in messages if m.role == USER),
-                       system_text(messages) if system is None else system)
+    return opening_prompt(messages, system_text(messages) if system is None else system)[0]
+
+
+def opening_prompt(messages: Sequence[Message], system: str) -> tuple[str, int]:
+    """The first prompt (`first_prompt`) and the index of the message it is read from (-1: none)."""
+    return person_text(((k, m.text) for k, m in enumerate(messages) if m.role == USER), system)
 
 
 @dataclass(slots=True)
@@ -198,6 +218,8 @@ class Inspector:
         #                   session, messages)
         self.is_judge = is_judge or (lambda headers: False)
         self._sessions: LRU = LRU(CACHED_SESSIONS)  # (tenant, session) -> SessionMemory
+        # (tenant, first two message fingerprints) -> (fingerprints of the messages the id was read from, the id)
+        self._openings: LRU = LRU(CACHED_SESSIONS)
         self._per_model: LRU = LRU(MODEL_POLICIES)
 
     def remember_unseen(self, key: tuple[str, str], chant: UnseenChant) -> None:
@@ -207,6 +229,19 @@ class Inspector:
             memory = SessionMemory()
             self._sessions.put(key, memory)
         memory.unseen = (*memory.unseen[-(UNSEEN_PER_SESSION - 1):], chant)
+
+    def _fingerprinted(self, tenant: str, messages: Sequence[Message], fingerprints: list[int]) -> str:
+        """The id of a session no header names (`opening_fingerprint`), read once per conversation and process:
+        a request whose first messages, up to the person's first prompt, are those of an earlier one is of its
+        session."""
+        head = (tenant, *fingerprints[:2])
+        known = self._openings.get(head)
+        if known is not None and fingerprints[:len(known[0])] == known[0]:
+            return known[1]
+        session, read = opening_fingerprint(tenant, messages)
+        if read:  # until a person writes, the id is not the conversation's for good
+            self._openings.put(head, (fingerprints[:read], session))
+        return session
 
     def known_message_counts(self) -> dict:
         return {key: memory.message_count for key, memory in self._sessions.items()}
@@ -224,7 +259,11 @@ class Inspector:
         messages = conversation.messages
         key_of_client = client_key(headers)
         tenant = tenant_of(key_of_client)
-        session_id = session_of(headers, messages, tenant, chain, dialect.is_side_request(payload))
+        session_id = named_session(headers, chain, dialect.is_side_request(payload))
+        fingerprints = None  # the messages', for the fold cache; taken here when they name the session
+        if session_id is None:
+            fingerprints = fingerprints_of(messages)
+            session_id = self._fingerprinted(tenant, messages, fingerprints)
         answer_headers = {"X-Loopwarden-Session": session_id}
         model = dialect.model(payload, incoming.path)
         if model is not None:
@@ -255,7 +294,8 @@ class Inspector:
         settings, config = self._settings_for(model)
         observe = "observe" in modes or settings.mode == "observe"
 
-        state, memory.fold = analyze(config, messages, controls.reset_at_message if controls else 0, memory.fold)
+        state, memory.fold = analyze(config, messages, controls.reset_at_message if controls else 0, memory.fold,
+                                     fingerprints)
         checks = facts.judge_checks(tenant, session_id, state.key) if facts is not None else []
         decision = Decision(episodes(config, state, plan_mode=plan_mode, judge_checks=checks,
                                      unseen=memory.unseen))
@@ -287,7 +327,8 @@ class Inspector:
         elif warnings:
             answer_headers["X-Loopwarden-Warning"] = \
                 f"{warnings[-1].number}/{warnings[-1].limit} {warnings[-1].type}"
-        watcher = ResponseWatcher(config, _detached(state, memory.fold), decision, len(messages), plan_mode)
+        watcher = ResponseWatcher(config, state, decision, len(messages), plan_mode,
+                                  shared=state is memory.fold.state)
         keep = None
         if self.keep is not None and dialect.keeps_answer(payload):
             # The service keeps this answer: remember the conversation as sent, for requests that continue it.
@@ -308,7 +349,7 @@ class Inspector:
                 warned = None
             elif taken >= RECOVERY_TURNS:
                 self.sink.recovery(context, warned)
-        tap = Tap(dialect.stream(), dialect.answer, self.sink, context, watcher,
+        tap = Tap(dialect.stream, dialect.answer, self.sink, context, watcher,
                   dialect.max_output_tokens(payload) or DEFAULT_COMPLETION_TOKENS, warned=warned,
                   unseen=lambda chant: self.remember_unseen(key, chant),
                   # After an observed would-be stop, the task logs nothing more.
@@ -335,12 +376,14 @@ class Tap:
     """Reads a copy of the upstream's answer (never re-encoding it) and feeds the engine: cuts a chanting
     stream, and logs what the answer completes. Sans-IO: bytes and parsed answers in, cut decisions out."""
 
-    def __init__(self, assembler: StreamAssembler, read_answer: Callable[[dict], Message | None], sink: EpisodeSink,
-                 context: Context, watcher: ResponseWatcher, max_completion: int, *, warned: Episode | None,
+    def __init__(self, stream: Callable[[], StreamAssembler], read_answer: Callable[[dict], Message | None],
+                 sink: EpisodeSink, context: Context, watcher: ResponseWatcher, max_completion: int, *,
+                 warned: Episode | None,
                  unseen: Callable[[UnseenChant], None] | None = None,
                  deliver: list[tuple[Episode, str]], keep: Callable[[Message, str | None], None] | None,
                  cut_notice: bool, observe: bool, read_reasoning: Callable[[dict], str] | None = None) -> None:
-        self._assembler = assembler
+        self._stream = stream  # a stream's assembler, made when a stream comes (most answers are not streamed)
+        self._assembler_made: StreamAssembler | None = None
         self._read_answer = read_answer
         self._read_reasoning = read_reasoning  # the reasoning text of a non-streamed answer
         self._unseen = unseen  # told of a chant in a whole answer's reasoning
@@ -353,9 +396,16 @@ class Tap:
         self._keep = keep  # the whole answer, for a conversation the service keeps
         self._cut_notice = cut_notice
         self._observe = observe  # find and log a chant, but let the stream run on
-        self._parser = SSEParser()
+        self._parser: SSEParser | None = None
         self.request_id: str | None = None
         self.persist_pending = False  # an answer the service keeps was recorded: write it before the last byte
+
+    @property
+    def _assembler(self) -> StreamAssembler:
+        assembler = self._assembler_made
+        if assembler is None:
+            assembler = self._assembler_made = self._stream()
+        return assembler
 
     @property
     def keeps_answer(self) -> bool:
@@ -373,8 +423,11 @@ class Tap:
         """Read a copy of upstream bytes. When the stream must end here: how much of `chunk` to forward (up to
         the end of the event that completed the loop), and the bytes that end the stream."""
         assembler = self._assembler
-        event_start = 0 if self._parser.at_boundary else -1  # -1: the first event began in an earlier read
-        for event in self._parser.feed(chunk):
+        parser = self._parser
+        if parser is None:
+            parser = self._parser = SSEParser()
+        event_start = 0 if parser.at_boundary else -1  # -1: the first event began in an earlier read
+        for event in parser.feed(chunk):
             start, event_start = event_start, event.end
             if event.data == b"[DONE]":
                 continue
@@ -446,10 +499,13 @@ class Tap:
 
     def stream_end(self) -> None:
         try:
-            message = self._assembler.message()
-        except RequestError:  # an answer the rules cannot read (arguments nested past JSON's depth here)
-            return
-        self._finish(message, self._assembler.response_id)
+            try:
+                message = self._assembler.message()
+            except RequestError:  # an answer the rules cannot read (arguments nested past JSON's depth here)
+                return
+            self._finish(message, self._assembler.response_id)
+        finally:
+            self._watcher.release()
 
     def streamed_answer(self) -> dict:
         """What a finished stream said of itself (its id, model and usage), as a JSON answer says it."""
@@ -459,6 +515,12 @@ class Tap:
     def complete(self, answer: object) -> None:
         """A whole, non-streamed answer. Read only for what it can change: a chant in its reasoning, the record
         of an answer the service keeps, and whether the model moved on from the warning it was given."""
+        try:
+            self._complete(answer)
+        finally:
+            self._watcher.release()
+
+    def _complete(self, answer: object) -> None:
         if not isinstance(answer, dict):
             return
         reasoning = self._read_reasoning(answer) if self._read_reasoning is not None else ""
@@ -505,8 +567,3 @@ def _with_warnings(messages: list[Message], inserted: list[tuple[int, str, str]]
     for place, role, text in reversed(sorted(inserted, key=lambda item: item[0])):
         result.insert(place, Message(role, text))
     return result
-
-
-def _detached(state: TaskState, cache: FoldCache) -> TaskState:
-    """The response is folded on a copy: the cached state belongs to the next request."""
-    return state.clone() if state is cache.state else state

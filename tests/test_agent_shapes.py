@@ -9,8 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from proxy.config import build
 from proxy.detect.engine import Decision, DetectConfig, analyze, episodes
-from proxy.inspection import first_prompt, session_of
+from proxy.inspection import Incoming, Inspector, first_prompt, session_of, tenant_of
 from proxy.replay import read_records, replay
 from proxy.wire.chat import ChatDialect
 
@@ -91,6 +92,25 @@ def test_one_run_of_an_agent_is_one_session(agent):
     # user message; Qwen Code opens with its environment. The fingerprint uses the first message a person wrote.
     sessions = {session_of({}, ChatDialect.read(body).messages, "t") for body in requests(agent)}
     assert len(sessions) == 1
+
+
+class _Sink:
+    def episode(self, *args, **kwargs) -> None:
+        pass
+
+    def recovery(self, *args) -> None:
+        pass
+
+
+def test_the_proxy_names_each_request_as_its_fingerprint_read_afresh_does():
+    # The proxy reads a conversation's fingerprint once, then knows its later requests by their first messages
+    # (up to the person's first prompt): every run of every agent, one after another through one process.
+    inspector = Inspector(build({}, environ={}), None, _Sink())
+    for run in sorted(path.stem for path in AGENTS.glob("*.jsonl")):
+        for body in requests(run):
+            verdict = inspector.inspect(Incoming({}, orjson.dumps(body), body, ChatDialect()))
+            fresh = session_of({}, ChatDialect.read(body).messages, tenant_of(""))
+            assert verdict.headers["X-Loopwarden-Session"] == fresh, run
 
 
 def test_runs_on_different_prompts_are_different_sessions_though_the_agent_opens_alike():

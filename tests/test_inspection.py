@@ -9,7 +9,7 @@ from proxy.config import build
 from proxy.inspection import Forward, Incoming, Inspector, Stop
 from proxy.wire.chat import ChatDialect
 from proxy.wire.messages import MessagesDialect
-from tests.convo import conversation, step, user
+from tests.convo import assistant, conversation, step, user
 
 HEADERS = {"Authorization": "Bearer key-1", "X-Loopwarden-Session": "s1"}
 
@@ -142,3 +142,40 @@ def test_the_fingerprint_and_the_title_read_the_same_first_prompt():
     messages = [Message("system", "be brief"), Message("user", "fix a.py"), Message("user", "now b.py")]
     assert first_prompt(messages) == "fix a.py"
     assert session_of({}, messages, "t") == session_of({}, messages[:2], "t")
+
+
+def test_a_conversation_is_named_by_its_persons_first_prompt_once_one_is_sent():
+    """Until a person has written, a conversation's id is not its own for good: the request that brings the
+    first prompt is named by it, as it would be read afresh."""
+    from proxy.inspection import session_of, tenant_of
+    guard = inspector()
+    preamble = {"role": "user", "content": "I have *added these files to the chat* so you can go ahead and edit them."}
+    opening = [{"role": "system", "content": "You are Aider."}, preamble]
+    first = guard.inspect(incoming(opening, {}))
+    prompted = opening + [{"role": "assistant", "content": "Ok."}, user("fix the bug in a.py")]
+    second = guard.inspect(incoming(prompted, {}))
+    again = guard.inspect(incoming(prompted + [assistant("Done."), user("and b.py")], {}))
+    fresh = session_of({}, ChatDialect.read({"messages": prompted}).messages, tenant_of(""))
+    assert second.headers["X-Loopwarden-Session"] == again.headers["X-Loopwarden-Session"] == fresh
+    assert first.headers["X-Loopwarden-Session"] != fresh
+    # Another run opening alike, on another prompt: another session.
+    other = guard.inspect(incoming(opening + [{"role": "assistant", "content": "Ok."}, user("add a docstring")], {}))
+    assert other.headers["X-Loopwarden-Session"] not in (fresh, first.headers["X-Loopwarden-Session"])
+
+
+def test_an_answer_is_read_as_of_its_request_when_the_next_request_came_first():
+    """A session's next request may be inspected before the answer to the one before it has come (a client
+    retrying, a subagent): the answer is read on the task as its own request left it."""
+    guard = inspector()
+    first = looping(2)  # turns 1 and 2
+    early = guard.inspect(incoming(first))
+    second = first + step("read_file", {"path": "other.toml"}, "[client]")  # turn 3, the answer `early` awaits
+    guard.inspect(incoming(second))
+    chant = "I will check the configuration file once more now. " * 12
+    early.tap.complete({"id": "c1", "choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": "", "reasoning_content": chant}}]})
+    third = guard.inspect(incoming(second + step("read_file", {"path": "third.toml"}, "[db]")))
+    # The chant was in turn 3's reasoning: the warning goes after turn 3's result, not after turn 4's.
+    assert third.headers["X-Loopwarden-Warning"] == "1/2 content"
+    sent = orjson.loads(third.body)["messages"]
+    assert sent[len(second)]["content"].startswith("[loopwarden] ") and len(sent) == len(second) + 3

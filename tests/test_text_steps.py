@@ -281,7 +281,8 @@ def test_aiders_example_conversation_is_no_persons_prompt():
              "Here are summaries of some files present in my git repository.\ncalc.py",
              "I have *added these files to the chat* so you can go ahead and edit them.\n\ncalc.py",
              "fix the bug in calc.py\n\n" + REMINDER]
-    assert person_text(texts, AIDER_SYSTEM) == "fix the bug in calc.py"
-    assert person_text(texts[3:], AIDER_SYSTEM) == "fix the bug in calc.py"
-    assert person_text(["Change get_factorial() to use math.factorial", "fix it"]) == \
-        "Change get_factorial() to use math.factorial"  # without the note closing them, they are a person's
+    assert person_text(enumerate(texts), AIDER_SYSTEM) == ("fix the bug in calc.py", 5)
+    assert person_text(enumerate(texts[3:]), AIDER_SYSTEM) == ("fix the bug in calc.py", 2)
+    assert person_text(enumerate(["Change get_factorial() to use math.factorial", "fix it"])) == \
+        ("Change get_factorial() to use math.factorial", 0)  # without the note closing them, they are a person's
+    assert person_text(enumerate(texts[3:5])) == ("", -1)  # only the agent's own preambles: no person wrote yet

@@ -152,6 +152,7 @@ class TaskState:
     # assistant message, the message's index, and the text's harness key. Should the same text (numbers aside)
     # answer the assistant again, it was the harness all along, and the two are one task.
     before: "tuple[TaskState, int, bytes] | None" = None
+    borrowers: int = 0  # response watchers that will read this state as it is, should they need it (copied then)
 
     def clone(self) -> "TaskState":
         return TaskState(self.start, self.key, self.tools.clone(), self.content.clone(), self.turns,
@@ -597,6 +598,11 @@ def analyze(config: DetectConfig, messages: list[Message], reset_at: int = 0,
             and fingerprints[: len(cache.fingerprints)] == cache.fingerprints:
         begin = len(cache.fingerprints)
         state = cache.state
+        if begin == settled:  # nothing new is settled: the cache stands as it is
+            return (_fold(config, state.clone(), messages, settled, len(messages), reset_at)
+                    if settled < len(messages) else state), cache
+        if state.borrowers:
+            state = state.clone()  # a response watcher may yet read it as it was
     if state is None:
         state = _new_task(config, messages, 0)
     state = _fold(config, state, messages, begin, settled, reset_at)
@@ -736,13 +742,38 @@ class ResponseWatcher:
     """Follows the response to one request: the next assistant turn of the task."""
 
     def __init__(self, config: DetectConfig, state: TaskState, decision: Decision, message_index: int,
-                 plan_mode: bool) -> None:
+                 plan_mode: bool, *, shared: bool = False) -> None:
+        """`shared`: the state is the fold cache's, copied only if the answer is read (most whole answers are
+        not); until then it is borrowed, and the next request's fold does not change it in place."""
         self.config = config
         self.plan_mode = plan_mode
         self.next_number = len(decision.episodes) + 1
         self.previous_type = decision.episodes[-1].type if decision.episodes else None
         self.episode: Episode | None = None
-        self._turn = Turn(config, state, message_index)
+        self._state = state
+        self._message_index = message_index
+        self._shared = shared
+        self._current: Turn | None = None
+        if shared:
+            state.borrowers += 1
+
+    @property
+    def _turn(self) -> Turn:
+        """The answer's turn, on the watcher's own copy of the state."""
+        turn = self._current
+        if turn is None:
+            state = self._state
+            if self._shared:
+                self.release()
+                state = state.clone()
+            turn = self._current = Turn(self.config, state, self._message_index)
+        return turn
+
+    def release(self) -> None:
+        """The answer needs no more reading: a borrowed state is given back."""
+        if self._shared:
+            self._shared = False
+            self._state.borrowers -= 1
 
     def _content_episode(self) -> Episode | None:
         if self.plan_mode or self._turn.chant is None:

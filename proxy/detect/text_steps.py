@@ -222,21 +222,24 @@ def is_agent_reply(text: str) -> bool:
     return text.strip() in _OWN_REPLIES
 
 
-def person_text(texts, system: str = "") -> str:
+def person_text(texts, system: str = "") -> tuple[str, int]:
     """The first of a conversation's user texts that a person wrote (the agent's own preambles skipped, and an
     example conversation the agent opens with; the reminder it appends to the newest message cut), as names a
-    task: DSPy's fields before its trajectory."""
+    task: DSPy's fields before its trajectory. `texts` are (place, text) pairs; with the text comes the place
+    it had (-1 when no text is a person's)."""
     texts = iter(texts)
     opening = []
-    for text in texts:
+    for place, text in texts:
         if text.lstrip().startswith(_EXAMPLES_END):
             opening = []  # what came before were the agent's examples
             break
-        opening.append(text)
+        opening.append((place, text))
         if len(opening) == _EXAMPLES_READ:
             break
-    first = next((text for text in itertools.chain(opening, texts) if not is_agent_preamble(text)), "")
-    return task_text(without_reminder(first, system))
+    for place, text in itertools.chain(opening, texts):
+        if not is_agent_preamble(text):
+            return task_text(without_reminder(text, system)), place
+    return "", -1
 
 
 def without_reminder(text: str, system: str) -> str:

@@ -92,7 +92,8 @@ class JudgeScheduler:
 def is_judge(headers: Mapping[str, str]) -> bool:
     """This process's judge's own requests (when JUDGE_URL points back at the proxy): never inspected, never a
     session's turn. A client sending the header without this process's token is inspected like any other."""
-    return secrets.compare_digest(headers.get(JUDGE_HEADER, "").encode(), JUDGE_TOKEN.encode())
+    value = headers.get(JUDGE_HEADER)  # whether it is sent at all is no secret: only its value is compared
+    return value is not None and secrets.compare_digest(value.encode(), JUDGE_TOKEN.encode())
 
 
 class Guard:
