@@ -187,12 +187,30 @@ class Stop:
     status: int = 400
 
 
-@dataclass
 class Forward:
-    body: bytes
-    headers: dict[str, str] = field(default_factory=dict)  # added to the answer
-    tap: "Tap | None" = None  # None: the answer is relayed unread
-    judge: JudgeDue | None = None
+    """The request goes on: its body, the headers added to the answer, a judge check it made due, and the tap
+    that reads the answer (None: relayed unread). The tap is made by `prepare`, once the request is on its way
+    (the upstream need not wait for it), or when first asked for."""
+
+    __slots__ = ("body", "headers", "judge", "_make_tap", "_tap")
+
+    def __init__(self, body: bytes, headers: dict[str, str] | None = None,
+                 make_tap: "Callable[[], Tap] | None" = None, judge: JudgeDue | None = None) -> None:
+        self.body = body
+        self.headers = {} if headers is None else headers
+        self.judge = judge
+        self._make_tap = make_tap
+        self._tap: Tap | None = None
+
+    def prepare(self) -> None:
+        make, self._make_tap = self._make_tap, None
+        if make is not None:
+            self._tap = make()
+
+    @property
+    def tap(self) -> "Tap | None":
+        self.prepare()
+        return self._tap
 
 
 @dataclass(slots=True)
@@ -349,16 +367,20 @@ class Inspector:
                 warned = None
             elif taken >= RECOVERY_TURNS:
                 self.sink.recovery(context, warned)
-        tap = Tap(dialect.stream, dialect.answer, self.sink, context, watcher,
-                  dialect.max_output_tokens(payload) or DEFAULT_COMPLETION_TOKENS, warned=warned,
-                  unseen=lambda chant: self.remember_unseen(key, chant),
-                  # After an observed would-be stop, the task logs nothing more.
-                  deliver=decision.logged() if stop is None else [],
-                  keep=keep, cut_notice=settings.cut_notice, observe=observe, read_reasoning=dialect.reasoning)
         judge = None
         if self.judging and settings.llm_check and model and \
                 check_due(state.turns, settings.llm_check_after_turns, checks):
             judge = JudgeDue(key, context, state.key, state.turns, state.start, messages, key_of_client)
+
+        def tap() -> Tap:  # made once the request is on its way; nothing it reads changes meanwhile
+            return Tap(dialect.stream, dialect.answer, self.sink, context, watcher,
+                       dialect.max_output_tokens(payload) or DEFAULT_COMPLETION_TOKENS, warned=warned,
+                       unseen=lambda chant: self.remember_unseen(key, chant),
+                       # After an observed would-be stop, the task logs nothing more.
+                       deliver=decision.logged() if stop is None else [],
+                       keep=keep, cut_notice=settings.cut_notice, observe=observe,
+                       read_reasoning=dialect.reasoning)
+
         return Forward(body, answer_headers, tap, judge)
 
     def _settings_for(self, model: str | None) -> tuple[Settings, DetectConfig]:

@@ -593,7 +593,7 @@ def analyze(config: DetectConfig, messages: list[Message], reset_at: int = 0,
     settled = _final_step_start(messages)
     begin = 0
     state = None
-    if cache is not None and cache.config == config and cache.reset_at == reset_at \
+    if cache is not None and (cache.config is config or cache.config == config) and cache.reset_at == reset_at \
             and len(cache.fingerprints) <= settled \
             and fingerprints[: len(cache.fingerprints)] == cache.fingerprints:
         begin = len(cache.fingerprints)
@@ -639,6 +639,8 @@ def episodes(config: DetectConfig, state: TaskState, *, plan_mode: bool = False,
              judge_checks: list[JudgeCheck] = (), unseen: Sequence[UnseenChant] = ()) -> list[Episode]:
     """Number the task's findings: one episode per step (a message, or one call of several in a message),
     named after its first allowed rule."""
+    if not (state.findings or unseen or judge_checks):
+        return []  # most requests: nothing to number
     trips_at: dict[tuple[int, int], tuple[Finding, list[tuple[str, dict]]]] = {}
     for finding in state.findings:
         trips = allowed_trips(finding, plan_mode)
@@ -672,17 +674,15 @@ def _add_trip(trips_at: dict, state: TaskState, turn_index: int, trip: tuple[str
         found[1].sort(key=lambda each: TYPES.index(each[0]))
 
 
-@dataclass
 class Decision:
-    episodes: list[Episode]
+    """What a request's episodes come to: the stop, if one is among them, and the warnings."""
 
-    @property
-    def stop(self) -> Episode | None:
-        return next((e for e in self.episodes if e.is_stop), None)
+    __slots__ = ("episodes", "stop", "warnings")
 
-    @property
-    def warnings(self) -> list[Episode]:
-        return [e for e in self.episodes if not e.is_stop]
+    def __init__(self, episodes: list[Episode]) -> None:
+        self.episodes = episodes
+        self.stop: Episode | None = next((e for e in episodes if e.is_stop), None) if episodes else None
+        self.warnings: list[Episode] = [e for e in episodes if not e.is_stop] if episodes else []
 
     def logged(self) -> list[tuple[Episode, str]]:
         """What a request with this decision logs (the proxy, live or observing, and replay alike): its stop;

@@ -30,7 +30,7 @@ from proxy.server.upstream import (
     is_read_failure,
     json_error,
     make_upstream_client,
-    open_upstream,
+    send_upstream,
     upstream_headers,
 )
 from proxy.store.store import Store
@@ -166,14 +166,15 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
             Telemetry.answered(span, verdict.headers, None, verdict.status)
         return web.Response(status=verdict.status, body=verdict.body, content_type="application/json",
                             headers=verdict.headers)
-    tap = verdict.tap
     upstream_dialect = relay_dialect(request.headers, request.rel_url.query, dialect)
     headers = upstream_headers(request, settings, upstream_dialect, inspected=True)
     url = upstream_dialect.upstream_url(settings, request.rel_url.raw_path, request.rel_url.raw_query_string)
     sent = time.perf_counter()
     metrics.overhead.observe(sent - began)
-    async with open_upstream(app[CLIENT], "POST", url, headers, verdict.body) as upstream:
+    upstream = await send_upstream(app[CLIENT], "POST", url, headers, verdict.body, sent=verdict.prepare)
+    try:
         metrics.upstream_latency.observe(time.perf_counter() - sent)
+        tap = verdict.tap
         request_id = upstream.headers.get("x-request-id")
         if tap is not None:
             tap.delivered(upstream.status, request_id)
@@ -222,6 +223,8 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
             if span is not None:
                 Telemetry.answered(span, verdict.headers, request_id, 200, answer)
         return web.Response(status=200, body=body, headers=response_headers)
+    finally:
+        upstream.release()
 
 
 def _refused(dialect: Dialect, message: str, code: str) -> web.Response:
@@ -437,9 +440,11 @@ async def passthrough(request: web.Request, dialect: Dialect | None = None) -> w
     headers = upstream_headers(request, settings, dialect, inspected=False)
     data = _body(request, settings.max_body_bytes) if request.body_exists else None
     url = dialect.upstream_url(settings, request.rel_url.raw_path, request.rel_url.raw_query_string)
-    async with open_upstream(request.app[CLIENT], request.method, url, headers, data,
-                             request.content_length) as upstream:
+    upstream = await send_upstream(request.app[CLIENT], request.method, url, headers, data, request.content_length)
+    try:
         return await _relay_body(request, upstream, client_headers(upstream))
+    finally:
+        upstream.release()
 
 
 async def _whole_body(request: web.Request, limit: int) -> bytes:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import httptools
 from multidict import CIMultiDict
@@ -352,9 +352,11 @@ class UpstreamClient:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def request(self, method: str, url: URL, headers: list[tuple[bytes, bytes]],
-                      body: bytes | AsyncIterator[bytes] | None, length: int | None = None) -> UpstreamResponse:
+                      body: bytes | AsyncIterator[bytes] | None, length: int | None = None,
+                      sent: Callable[[], None] | None = None) -> UpstreamResponse:
         """Send the request and wait for the answer's head. A body given as chunks goes out as they come:
-        with its `length` when known, else chunked."""
+        with its `length` when known, else chunked. `sent` is called once the request is out, before its
+        answer is awaited: work the answer does not need yet, done while the upstream thinks."""
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -377,6 +379,8 @@ class UpstreamClient:
                 connection.transport.write(head + body if body else head)
             else:
                 await _send_chunks(connection, head, body, chunked)
+            if sent is not None:
+                sent()
             while not response.headers_read:
                 await connection.wait()
             if method == "HEAD":  # its answer has no body, whatever its head says; the parser cannot know

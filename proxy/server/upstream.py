@@ -5,9 +5,8 @@ from __future__ import annotations
 import base64
 import logging
 import re
-from contextlib import asynccontextmanager
 from urllib.parse import unquote
-from typing import AsyncIterator, Mapping
+from typing import Callable, Mapping
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -92,29 +91,26 @@ def make_upstream_client(settings: Settings) -> UpstreamClient:
     return UpstreamClient(settings.upstream_connect_timeout, settings.upstream_read_timeout)
 
 
-@asynccontextmanager
-async def open_upstream(client: UpstreamClient, method: str, url: URL, headers: list[tuple[bytes, bytes]],
-                        data, length: int | None = None) -> AsyncIterator[UpstreamResponse]:
-    """Send the request (`length`: that of a body given as chunks, when known); failures before a response are
-    raised as UpstreamFailure. Credentials in the URL (`https://user:pass@host/v1`) travel as its Authorization
-    header, in place of the client's."""
+async def send_upstream(client: UpstreamClient, method: str, url: URL, headers: list[tuple[bytes, bytes]],
+                        data, length: int | None = None,
+                        sent: Callable[[], None] | None = None) -> UpstreamResponse:
+    """Send the request (`length`: that of a body given as chunks, when known; `sent`: called once it is out,
+    before the answer is awaited) and return the answer's head, to be released when done with; failures before
+    a response are raised as UpstreamFailure. Credentials in the URL (`https://user:pass@host/v1`) travel as
+    its Authorization header, in place of the client's."""
     if url.user is not None:
         pair = f"{url.user or ''}:{url.password or ''}".encode()
         headers = [(name, value) for name, value in headers if name.lower() != b"authorization"]
         headers.append((b"Authorization", b"Basic " + base64.b64encode(pair)))
         url = url.with_user(None)
     try:
-        response = await client.request(method, url, headers, data, length)
+        return await client.request(method, url, headers, data, length, sent)
     except TimeoutError as exc:
         raise UpstreamFailure(504, "upstream_timeout", f"upstream did not answer in time ({shown_url(str(url))})") from exc
     except ConnectFailed as exc:
         raise UpstreamFailure(502, "upstream_unreachable", f"upstream unreachable: {exc.os_error}") from exc
     except (UpstreamError, OSError) as exc:
         raise UpstreamFailure(502, "upstream_unreachable", f"upstream connection failed: {exc}") from exc
-    try:
-        yield response
-    finally:
-        response.release()
 
 
 def is_read_failure(exc: BaseException) -> bool:
