@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import orjson
@@ -26,7 +26,6 @@ from proxy.detect.engine import (
     Episode,
     FoldCache,
     ResponseWatcher,
-    TaskState,
     UnseenChant,
     after_warning,
     analyze,
@@ -400,8 +399,7 @@ class Tap:
 
     def __init__(self, stream: Callable[[], StreamAssembler], read_answer: Callable[[dict], Message | None],
                  sink: EpisodeSink, context: Context, watcher: ResponseWatcher, max_completion: int, *,
-                 warned: Episode | None,
-                 unseen: Callable[[UnseenChant], None] | None = None,
+                 warned: Episode | None, unseen: Callable[[UnseenChant], None] | None = None,
                  deliver: list[tuple[Episode, str]], keep: Callable[[Message, str | None], None] | None,
                  cut_notice: bool, observe: bool, read_reasoning: Callable[[dict], str] | None = None) -> None:
         self._stream = stream  # a stream's assembler, made when a stream comes (most answers are not streamed)

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-
 from typing import Sequence
-
-import orjson
 
 from proxy.detect.content import Chant, ContentTracker
 from proxy.detect.judge_policy import JudgeCheck
