@@ -411,6 +411,21 @@ async def test_unknown_route_is_openai_shaped_404(proxy):
             assert (await r.json())["error"]["code"] == "not_found"
 
 
+async def test_a_target_that_is_no_path_is_openai_shaped_404(proxy):
+    """`OPTIONS *` and `CONNECT host:port` name no path a route could take: answered in the OpenAI shape too."""
+    for target in ("OPTIONS *", "CONNECT example.com:443"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        try:
+            writer.write(f"{target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 404 "), (target, head)
+            length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+            error = orjson.loads(await reader.readexactly(length))["error"]
+            assert (error["type"], error["code"]) == ("invalid_request_error", "not_found"), target
+        finally:
+            writer.close()
+
+
 async def test_a_method_a_path_does_not_take_is_openai_shaped_405(proxy):
     async with aiohttp.ClientSession() as http:
         async with http.delete(f"{proxy.root}/healthz") as r:

@@ -90,15 +90,26 @@ def served(metrics: Metrics, route: str, handler):
 
 def _route_label(path: str) -> str:
     """A route as metrics name it: its path as aiohttp spells it canonically (`/v1/{tail}`)."""
-    canonical = re.sub(r"\{(\w+)(:[^{}]*)?\}", r"{\1}", path)
-    return "unmatched" if canonical == _UNROUTED else canonical
+    return re.sub(r"\{(\w+)(:[^{}]*)?\}", r"{\1}", path)
+
+
+class _Unrouted(web.DynamicResource):
+    """`/{tail}`: every request no route takes, whatever its target, so that it too is answered by `served`
+    (the OpenAI shape) and not by aiohttp's text: `OPTIONS *` and `CONNECT host:443` have no leading slash,
+    which a route's pattern needs."""
+
+    def __init__(self) -> None:
+        super().__init__(_UNROUTED)
+
+    def _match(self, path: str) -> dict[str, str]:
+        return {"tail": path}
 
 
 async def unrouted(request: web.Request) -> web.StreamResponse:
     """A path no route serves: 404; or 405 when one serves the path with other methods."""
     allowed: set[str] = set()
     for resource in request.app.router.resources():
-        if resource.canonical != _UNROUTED:
+        if not isinstance(resource, _Unrouted):
             allowed |= (await resource.resolve(request))[1]
     if allowed:
         raise web.HTTPMethodNotAllowed(request.method, allowed)
@@ -562,6 +573,24 @@ def create_app(settings: Settings) -> web.Application:
                                         web.route("*", "/v1beta/models/{target}", gemini),
                                         web.route("*", "/v1/models/{target:[^/]*:[^/]*}", gemini),
                                         web.route("*", "/v1beta/{tail:.*}", gemini_passthrough),
-                                        web.route("*", "/v1/{tail:.*}", passthrough),
-                                        web.route("*", "/{tail:.*}", unrouted)])
+                                        web.route("*", "/v1/{tail:.*}", passthrough)])
+    fallback = _Unrouted()  # last: asked only when no route above takes the request
+    fallback.add_route("*", served(metrics, "unmatched", unrouted), expect_handler=expect_continue)
+    app.router.register_resource(fallback)
+    _route_pathless(app.router, fallback)
     return app
+
+
+def _route_pathless(router: web.UrlDispatcher, fallback: _Unrouted) -> None:
+    """aiohttp's router shows a request whose target has no path (`CONNECT host:443`) to no resource at all,
+    and answers it 404 in text: such a request goes to the fallback. Every other request is routed as aiohttp
+    routes it, for the cost of one check."""
+    resolve = router.resolve
+
+    async def to_fallback(request: web.Request):
+        return (await fallback.resolve(request))[0]
+
+    def routed(request: web.Request):
+        return resolve(request) if request.rel_url.path_safe else to_fallback(request)
+
+    router.resolve = routed
