@@ -588,25 +588,23 @@ def analyze(config: DetectConfig, messages: list[Message], reset_at: int = 0,
     fingerprints = fingerprints_of(messages) if fingerprints is None else fingerprints
     reset_at = min(reset_at, len(messages))  # a history shortened since the reset: all of it is forgiven
     settled = _final_step_start(messages)
-    begin = 0
-    state = None
     if cache is not None and (cache.config is config or cache.config == config) and cache.reset_at == reset_at \
             and len(cache.fingerprints) <= settled \
             and fingerprints[: len(cache.fingerprints)] == cache.fingerprints:
         begin = len(cache.fingerprints)
         state = cache.state
-        if begin == settled:  # nothing new is settled: the cache stands as it is
-            return (_fold(config, state.clone(), messages, settled, len(messages), reset_at)
-                    if settled < len(messages) else state), cache
-        if state.borrowers:
+        if begin < settled and state.borrowers:
             state = state.clone()  # a response watcher may yet read it as it was
-    if state is None:
+    else:
+        cache = None
+        begin = 0
         state = _new_task(config, messages, 0)
-    state = _fold(config, state, messages, begin, settled, reset_at)
-    new_cache = FoldCache(reset_at, fingerprints[:settled], state, config)
+    if cache is None or begin < settled:  # else nothing new is settled: the cache stands as it is
+        state = _fold(config, state, messages, begin, settled, reset_at)
+        cache = FoldCache(reset_at, fingerprints[:settled], state, config)
     if settled < len(messages):
         state = _fold(config, state.clone(), messages, settled, len(messages), reset_at)
-    return state, new_cache
+    return state, cache
 
 
 def allowed_trips(finding: Finding, plan_mode: bool) -> list[tuple[str, dict]]:

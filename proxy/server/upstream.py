@@ -24,9 +24,9 @@ HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
      "trailer", "trailers", "transfer-encoding", "upgrade"}
 )
-# Lowercase names, as bytes: the request's headers are filtered as the client sent them, never decoded.
-_NOT_FORWARDED_UP = frozenset(name.encode() for name in HOP_BY_HOP | {"host", "content-length", "expect"})  # the
-# proxy answers `Expect` itself
+# Lowercase names, as bytes: the request's headers are filtered as the client sent them, never decoded. (The
+# proxy answers `Expect` itself.)
+_NOT_FORWARDED_UP = frozenset(name.encode() for name in HOP_BY_HOP | {"host", "content-length", "expect"})
 # A watched request's body goes up as read here, decoded; the tap reads the answer's bytes as they come (a
 # compressed stream would need a second decode), so the identity encoding is asked for.
 _NOT_FORWARDED_INSPECTED = _NOT_FORWARDED_UP | {b"content-encoding", b"accept-encoding"}

@@ -18,6 +18,7 @@ from proxy.wire.errors import error_body, sse_error_event
 
 _AUTHORIZATION = frozenset({b"authorization"})
 
+
 class OpenAIDialect(DialectDefaults):
     """What the OpenAI dialects share: the upstream, its bearer key, the error shape."""
 
