@@ -88,6 +88,14 @@ class LazyMessages(Sequence):
     def __iter__(self):
         return (self[i] for i in range(len(self._raw)))
 
+    def role(self, index: int) -> str:
+        """A message's role, without reading the rest of it."""
+        message = self._read_ones[index]
+        if message is not None:
+            return message.role
+        role = self._raw[index].get("role")
+        return role if role.__class__ is str else ""
+
     def fingerprints(self) -> list[int]:
         """A fingerprint per message, from its item as the client sent it."""
         dumps = orjson.dumps
@@ -101,6 +109,12 @@ class LazyMessages(Sequence):
                 except orjson.JSONEncodeError:
                     fingerprints.append(hash(self[index]))
             return fingerprints
+
+
+def role_at(messages: Sequence[Message], index: int) -> str:
+    """The role of a message, read alone where the messages are read lazily."""
+    role = getattr(messages, "role", None)
+    return role(index) if role is not None else messages[index].role
 
 
 @dataclass

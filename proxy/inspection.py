@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -54,6 +55,9 @@ MODEL_POLICIES = 256  # models whose settings are kept resolved
 UNSEEN_PER_SESSION = 8  # chants in whole answers' reasoning remembered per session
 DEFAULT_COMPLETION_TOKENS = 4096
 _NO_MODES: frozenset[str] = frozenset()
+# A session is named from its first messages (an agent's preamble and example conversation come before the
+# person's first prompt): never read further, so a long conversation first seen costs no more to name.
+OPENING_MESSAGES = 100
 MODEL_CHARS = 256  # a model's name as every cache, span and column holds it (no real one is longer)
 
 
@@ -118,7 +122,12 @@ def first_prompt(messages: Sequence[Message], system: str | None = None) -> str:
 
 def opening_prompt(messages: Sequence[Message], system: str) -> tuple[str, int]:
     """The first prompt (`first_prompt`) and the index of the message it is read from (-1: none)."""
-    return person_text(((k, m.text) for k, m in enumerate(messages) if m.role == USER), system)
+    return person_text(((k, m.text) for k, m in enumerate(_opening(messages)) if m.role == USER), system)
+
+
+def _opening(messages: Sequence[Message]):
+    """The messages a session is named from: its first ones, however long the conversation has grown."""
+    return itertools.islice(messages, OPENING_MESSAGES)
 
 
 @dataclass(slots=True)
@@ -298,7 +307,7 @@ class Inspector:
             if new_here:
                 system = system_text(messages)
                 agent, title = agent_name(headers, system), session_title(
-                    (m.text for m in messages if m.role == USER), system)
+                    (m.text for m in _opening(messages) if m.role == USER), system)
             facts.session_seen(tenant, session_id, len(messages), model, agent, title)
         controls = facts.controls(tenant, session_id) if facts is not None else None
         disable = headers.get("X-Loopwarden-Disable")

@@ -41,6 +41,7 @@ from proxy.conversation import (  # noqa: F401 (the prefixes are the engine's vo
     Message,
     ToolCall,
     model_text,
+    role_at,
 )
 from proxy.policy import Policies
 
@@ -581,6 +582,51 @@ def fingerprints_of(messages: Sequence[Message]) -> list[int]:
     return own() if own is not None else [_fingerprint(m) for m in messages]
 
 
+# A conversation first seen (a new process, another replica, a history edited before its end) is read from its
+# recent steps only, so its first request costs a bounded amount whatever its length: at least FIRST_SIGHT_TURNS
+# assistant turns (every rule completes within fewer: the longest, a cycle of 8 calls repeated 5 times, in 40),
+# then as far back as FIRST_SIGHT_MESSAGES messages or FIRST_SIGHT_CHARS characters of text reach. What the task
+# did before that window (an episode warned there, an error seen twice) is not counted.
+FIRST_SIGHT_TURNS = 50
+FIRST_SIGHT_MESSAGES = 1000
+FIRST_SIGHT_CHARS = 2_000_000
+
+
+def _window_start(messages: list[Message], end: int) -> int:
+    """Where the recent steps before `end` begin, as far back as the first sight reads."""
+    turns = chars = 0
+    begin = end
+    while begin > 0:
+        if turns >= FIRST_SIGHT_TURNS and (end - begin >= FIRST_SIGHT_MESSAGES or chars >= FIRST_SIGHT_CHARS):
+            break
+        begin -= 1
+        message = messages[begin]
+        chars += len(message.text)
+        turns += message.role == ASSISTANT
+    return begin
+
+
+def _first_sight(config: DetectConfig, messages: list[Message], reset_at: int, settled: int) -> tuple[int, TaskState]:
+    """Where the fold of a conversation not seen before begins, and the state it begins with: the task that
+    message belongs to, named as a fold from the first message names it."""
+    begin = _window_start(messages, settled)
+    if begin <= max(reset_at, 0):
+        return 0, _new_task(config, messages, 0)
+    while begin < settled and messages[begin].role == TOOL:
+        begin += 1  # a step's results belong to its call, before the window
+    start = reset_at
+    for j in range(begin - 1, reset_at - 1, -1):  # only the user messages are read whole
+        if role_at(messages, j) == USER and not messages[j].injected and not _own_at(messages, j):
+            start = j + 1
+            break
+    state = _new_task(config, messages, start)
+    for j in range(start, begin):
+        if role_at(messages, j) == ASSISTANT and not own_reply(messages, j):
+            state.anchor(messages[j])
+            break
+    return begin, state
+
+
 def analyze(config: DetectConfig, messages: list[Message], reset_at: int = 0,
             cache: FoldCache | None = None, fingerprints: list[int] | None = None) -> tuple[TaskState, FoldCache]:
     """The state of the current task after `messages`, and the cache for the next request. (A caller that
@@ -597,8 +643,7 @@ def analyze(config: DetectConfig, messages: list[Message], reset_at: int = 0,
             state = state.clone()  # a response watcher may yet read it as it was
     else:
         cache = None
-        begin = 0
-        state = _new_task(config, messages, 0)
+        begin, state = _first_sight(config, messages, reset_at, settled)
     if cache is None or begin < settled:  # else nothing new is settled: the cache stands as it is
         state = _fold(config, state, messages, begin, settled, reset_at)
         cache = FoldCache(reset_at, fingerprints[:settled], state, config)

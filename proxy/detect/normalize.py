@@ -15,14 +15,14 @@ _NOISE = re.compile(
     [\x1b0-9MTWFSpP/\\]
     (?:
         (?<=\x1b)(?:\[[0-9;?]*[\x20-\x2f]*[\x40-\x7e]|\][^\x07\x1b]*(?:\x07|\x1b\\))      # ANSI / OSC sequences
-      | (?<=\d)(?:
+      | (?<=\d)(?<!\d\d)(?:  # the first digit of a run only: a match tried at each digit would be quadratic
           \d{3}-\d{2}-\d{2}(?:[T\x20]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?  # ISO dates
             | [T_]\d{2}[_-]\d{2}(?:[_-]\d{2}(?:[._]\d+)?)?Z?)?  # in a file name: 2026-11-24T01_05_00_000Z-debug-0.log
         | \d?:\d{2}:\d{2}(?:[.,]\d+)?                                                  # clock times
         | [0-9a-fA-F]{7}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}   # UUIDs
         | x[0-9a-fA-F]{4,}                                                             # addresses
-        | \d*(?:\.\d+)?\x20?(?:ns|µs|us|ms|s|sec|secs|seconds?|mins?|minutes?|h|hrs?|hours?)\b  # durations
-        | (?<=line\x20\d)\d*(?=:)                                                        # a shell's line numbers
+        | \d*+(?:\.\d+)?\x20?(?:ns|µs|us|ms|s|sec|secs|seconds?|mins?|minutes?|h|hrs?|hours?)\b  # durations
+        | (?<=line\x20\d)\d*+(?=:)                                                        # a shell's line numbers
         )
       | (?:(?<=M)on|(?<=T)(?:ue|hu)|(?<=W)ed|(?<=F)ri|(?<=S)(?:at|un)),?\x20\d{1,2}\x20            # dates
         (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\x20\d{1,4}
@@ -62,6 +62,8 @@ _VALIDATION = ("must not have additional properties", "must have required proper
 # The failure reports of the tools coding agents run, each anchored where its form lives: a line's start,
 # a summary line. A test runner's summary and a build's verdict come last, so the tail is read as well.
 _TOOL_TAIL = 1000
+# A line is read up to this long: every form fits, and a pattern never backtracks over a line without end.
+_TOOL_LINE = 500
 _TOOL_FAILURE = re.compile(
     r"""^[\x20\t]*(?:
         FAILED\x20[^\s:]+::\S                                   # pytest: FAILED tests/test_a.py::test_x
@@ -174,7 +176,8 @@ def is_error_form(text: str) -> bool:
     if len(text) <= _ERROR_HEAD:
         return False
     # The rest, up to its last _TOOL_TAIL characters: a test run's summary and a build's verdict come last.
-    tail = text[text.rfind("\n", 0, max(_ERROR_HEAD, len(text) - _TOOL_TAIL)) + 1:]
+    begin = max(_ERROR_HEAD, len(text) - _TOOL_TAIL)
+    tail = text[max(text.rfind("\n", 0, begin) + 1, begin - _TOOL_LINE):]
     return _tool_failure(tail, tail.lower())
 
 
@@ -184,7 +187,8 @@ def _tool_failure(text: str, lowered: str) -> bool:
     for hint in _TOOL_HINTS:
         at = lowered.find(hint)
         while at >= 0:
-            if _TOOL_FAILURE.match(text, text.rfind("\n", 0, at) + 1):
+            start = text.rfind("\n", 0, at) + 1
+            if _TOOL_FAILURE.match(text, start, start + _TOOL_LINE):
                 return True
             end = text.find("\n", at)
             at = lowered.find(hint, end) if end >= 0 else -1
