@@ -22,6 +22,10 @@ from yarl import URL
 # instead of filling memory.
 _HIGH_WATER = 256 * 1024
 _IDLE_CHECK = 10.0  # seconds between sweeps of idle connections
+# An answer's head within aiohttp's client limits: past these the answer is refused, never buffered whole.
+MAX_HEADERS = 128
+MAX_FIELD = 8190  # bytes of the status line, or of one header's name or value
+_MAX_HEAD = MAX_HEADERS * MAX_FIELD  # bytes received before the head is whole
 # Methods whose request says its length even when empty (some servers answer 411 to a POST that does not).
 _SENDS_A_BODY = frozenset({"POST", "PUT", "PATCH"})
 
@@ -55,6 +59,7 @@ class _Connection(asyncio.Protocol):
         self.response: UpstreamResponse | None = None
         self._headers: list[tuple[str, str]] = []
         self._reason = ""
+        self._head_bytes = 0  # received for the answer whose head is not whole yet
         self._waiter: asyncio.Future | None = None  # a reader waiting for the head, a body chunk or its end
         self._drain: asyncio.Future | None = None  # a writer waiting for the socket's buffer to empty
         self._last_read = 0.0
@@ -69,14 +74,26 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self._loop.time()
-        if self.response is None:  # bytes nobody asked for: the connection cannot be trusted any more
+        response = self.response
+        if response is None:  # bytes nobody asked for: the connection cannot be trusted any more
             self.close()
             return
+        if not response.headers_read:
+            self._head_bytes += len(data)
+            if self._head_bytes > _MAX_HEAD + len(data):  # a whole head fits in the limit and one read after it
+                self._refuse(f"the upstream's answer head is over {_MAX_HEAD} bytes")
+                return
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(ConnectionBroken(f"the upstream's answer is not valid HTTP: {exc}"))
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            # A callback that refused the answer said why; else the parser did.
+            self._fail(self._failure or ConnectionBroken(f"the upstream's answer is not valid HTTP: {exc}"))
             self.close()
+
+    def _refuse(self, why: str) -> None:
+        """The answer breaks a limit or the protocol: the request fails with why, and the connection is closed."""
+        self._fail(ConnectionBroken(why))
+        self.close()
 
     def close(self) -> None:
         self.closed = True
@@ -93,7 +110,7 @@ class _Connection(asyncio.Protocol):
             if response.headers_read and response.until_close:  # a body that ends where the connection does
                 response.complete = True
                 self._wake()
-            else:
+            elif self._failure is None:  # else the answer was refused already, and why is kept
                 reason = f": {exc}" if exc else ""
                 self._fail(ConnectionBroken(f"the upstream closed the connection{reason}"))
         self.resume_writing()  # a writer waiting sees the connection closed
@@ -108,29 +125,43 @@ class _Connection(asyncio.Protocol):
 
     # the parser's side
 
-    def on_status(self, reason: bytes) -> None:
-        self._reason = reason.decode("latin-1")
+    def on_status(self, reason: bytes) -> None:  # called with each piece of the line, as the reads cut it
+        self._reason += reason.decode("latin-1")
+        if len(self._reason) > MAX_FIELD:
+            self._failure = ConnectionBroken(f"the upstream's status line is over {MAX_FIELD} bytes")
+            raise self._failure
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self._headers) == MAX_HEADERS or len(name) > MAX_FIELD or len(value) > MAX_FIELD:
+            self._failure = ConnectionBroken(
+                f"the upstream's answer has more than {MAX_HEADERS} headers" if len(self._headers) == MAX_HEADERS
+                else f"the upstream's answer has a header over {MAX_FIELD} bytes")
+            raise self._failure
         self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
         headers, self._headers = self._headers, []
+        reason, self._reason = self._reason, ""
+        if status == 101:  # the connection would stop being HTTP: no API answers so
+            self._failure = ConnectionBroken("the upstream switched protocols (101), which an API answer never does")
+            raise self._failure
         if status < 200:  # an interim answer (100 Continue, 103 Early Hints): the real one follows
+            self._head_bytes = 0
             return
         response = self.response
         if response.headers_read:  # a second answer to one request
             raise httptools.HttpParserError("more than one answer to a request")
         response.status = status
-        response.reason = self._reason
+        response.reason = reason
         response.raw_headers = headers
         response.headers = CIMultiDict(headers)
         response.keep_alive = self._parser.should_keep_alive()
         length = response.headers.get("Content-Length")
         response.content_length = int(length) if length is not None and length.isdigit() else None
-        response.until_close = length is None and \
-            "chunked" not in response.headers.get("Transfer-Encoding", "").lower()
+        # Chunked only when chunked is the last coding (RFC 9112 6.3): else the body ends with the connection.
+        codings = ",".join(response.headers.getall("Transfer-Encoding", ())).rsplit(",", 1)[-1]
+        response.until_close = length is None and codings.strip().lower() != "chunked"
         response.headers_read = True
         self._wake()
 
@@ -186,6 +217,7 @@ class _Connection(asyncio.Protocol):
         """A request goes out on this connection now: its silence is timed from here."""
         self.response = response
         self._failure = None
+        self._head_bytes = 0
         self._last_read = self._loop.time()
         self._timer = self._loop.call_at(self._last_read + self._read_timeout, self._check_silence)
 
@@ -194,7 +226,8 @@ class _Connection(asyncio.Protocol):
         long enough, and looks when it last heard from it."""
         self._timer = None
         due = self._last_read + self._read_timeout
-        if self._paused or self._loop.time() < due:  # not silent: heard from lately, or the client is slow
+        if (self._paused and self.response is not None) or self._loop.time() < due:
+            # not silent: heard from lately, or its reader is slow (what was read waits for it)
             self._timer = self._loop.call_at(max(due, self._loop.time() + 1.0), self._check_silence)
             return
         self._fail(asyncio.TimeoutError())
@@ -208,6 +241,21 @@ class _Connection(asyncio.Protocol):
     async def drain(self) -> None:
         if self._drain is not None:
             await self._drain
+
+    def body_sent(self, sending: asyncio.Task) -> None:
+        """The request body's sending ended. A failure before the answer's head fails the request with it (the
+        client's body broke off or grew past the limit, or the connection broke)."""
+        if sending.cancelled() or self.response is None or self.response.headers_read:
+            return
+        failure = sending.exception()
+        if failure is not None:
+            self._fail(failure)
+            self.close()
+
+    @property
+    def reusable(self) -> bool:
+        """Open, reading, and holding nothing of an earlier answer: a new request may go out on it."""
+        return not self.closed and not self._paused
 
 
 class UpstreamResponse:
@@ -258,7 +306,7 @@ class UpstreamResponse:
         self._released = True
         connection = self._connection
         connection.response = None
-        if self.complete and self.keep_alive and not connection.closed:
+        if self.complete and self.keep_alive and connection.reusable:
             self._pool.put(connection)
         else:
             connection.close()
@@ -326,17 +374,25 @@ def _head(method: str, url: URL, headers: list[tuple[bytes, bytes]], length: int
     return b"".join(lines)
 
 
-async def _send_chunks(connection: _Connection, head: bytes, body: AsyncIterator[bytes], chunked: bool) -> None:
+async def _send_chunks(connection: _Connection, body: AsyncIterator[bytes], chunked: bool) -> None:
     write = connection.transport.write
-    write(head)
     async for chunk in body:
+        if connection.closed:
+            raise ConnectionBroken("the upstream closed the connection while the request was sent")
         if chunk:
             write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
             await connection.drain()
-        if connection.closed:
-            raise ConnectionBroken("the upstream closed the connection while the request was sent")
-    if chunked:
+    if chunked and not connection.closed:
         write(b"0\r\n\r\n")
+
+
+def _settle(sending: asyncio.Task, response: UpstreamResponse) -> None:
+    """The body's sending once the answer's head is in (or the request failed): stopped if it still runs; a
+    body that could not be sent whole leaves the connection unfit for another request."""
+    if not sending.done():
+        sending.cancel()
+    elif sending.cancelled() or sending.exception() is not None:
+        response.keep_alive = False
 
 
 class UpstreamClient:
@@ -373,22 +429,31 @@ class UpstreamClient:
             pool = self._pools[key] = _Pool(loop, self._keepalive)
         connection = pool.take() or await self._connect(loop, url)
         response = UpstreamResponse(connection, pool)
+        sending: asyncio.Task | None = None
         try:
             connection.start(response)
             if body is None or isinstance(body, bytes):
                 connection.transport.write(head + body if body else head)
-            else:
-                await _send_chunks(connection, head, body, chunked)
+            else:  # sent while the answer is awaited: an upstream may answer (413) before it has all of it
+                connection.transport.write(head)
+                sending = loop.create_task(_send_chunks(connection, body, chunked))
+                sending.add_done_callback(connection.body_sent)
             if sent is not None:
                 sent()
             while not response.headers_read:
                 await connection.wait()
+            if sending is not None and not sending.done() or connection.transport.get_write_buffer_size():
+                # An early answer: the rest of the body is dropped, and the connection is not used again.
+                response.keep_alive = False
             if method == "HEAD":  # its answer has no body, whatever its head says; the parser cannot know
                 response.complete = True
                 response.keep_alive = False
         except BaseException:
             response.close()
             raise
+        finally:
+            if sending is not None:
+                _settle(sending, response)
         return response
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, url: URL) -> _Connection:
