@@ -7,10 +7,11 @@ import asyncio
 import gc
 import logging
 import os
+import signal
 import sys
 from typing import Sequence
 
-from proxy.config import FIELDS, ConfigError, Settings, flag_name, help_line, resolve, shown_url
+from proxy.config import FIELDS, ConfigError, Settings, flag_name, help_line, resolve, shown_url, upstream_url_warnings
 
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1
@@ -118,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "serve":
+            # A stop asked for while starting (migrating, building the app) ends the process quietly; once
+            # serving, aiohttp's own handler shuts the server down gracefully.
+            signal.signal(signal.SIGTERM, _stop_before_serving)
             return _serve(settings, migrate=not args.no_migrate)
         if args.command == "migrate":
             run_migrations(settings.database_url)
@@ -179,6 +183,10 @@ async def _settle_heap(app) -> None:
     gc.set_threshold(*COLLECTOR_THRESHOLDS)
 
 
+def _stop_before_serving(signum, frame) -> None:
+    raise SystemExit(0)
+
+
 def _serve(settings: Settings, *, migrate: bool) -> int:
     from aiohttp import web
 
@@ -194,13 +202,22 @@ def _serve(settings: Settings, *, migrate: bool) -> int:
     app.on_startup.append(_settle_heap)
     from proxy.store.database import describe
 
-    logging.getLogger("loopwarden").info(
-        "loopwarden listening on http://%s:%s, upstreams %s (OpenAI), %s (Anthropic), %s (Gemini), database %s, "
-        "on %s, request path %s", settings.host, settings.port, shown_url(settings.upstream_url),
-        shown_url(settings.anthropic_upstream_url), shown_url(settings.gemini_upstream_url), describe(settings.database_url),
-        loop_name(settings.event_loop), compiled.describe())
-    web.run_app(app, host=settings.host, port=settings.port, shutdown_timeout=settings.shutdown_grace,
-                loop=new_event_loop(settings.event_loop),
-                handler_cancellation=True, print=None, keepalive_timeout=CLIENT_IDLE_TIMEOUT,
-                access_log=logging.getLogger("aiohttp.access") if settings.log_level == "debug" else None)
+    log = logging.getLogger("loopwarden")
+    for warning in upstream_url_warnings(settings):
+        log.warning("%s", warning)
+
+    def listening(_: str) -> None:  # called once the port is bound
+        log.info("loopwarden listening on http://%s:%s, upstreams %s (OpenAI), %s (Anthropic), %s (Gemini), "
+                 "database %s, on %s, request path %s", settings.host, settings.port, shown_url(settings.upstream_url),
+                 shown_url(settings.anthropic_upstream_url), shown_url(settings.gemini_upstream_url),
+                 describe(settings.database_url), loop_name(settings.event_loop), compiled.describe())
+
+    try:
+        web.run_app(app, host=settings.host, port=settings.port, shutdown_timeout=settings.shutdown_grace,
+                    loop=new_event_loop(settings.event_loop),
+                    handler_cancellation=True, print=listening, keepalive_timeout=CLIENT_IDLE_TIMEOUT,
+                    access_log=logging.getLogger("aiohttp.access") if settings.log_level == "debug" else None)
+    except OSError as exc:  # the port is taken, or the address is not this machine's
+        print(f"loopwarden: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_RUNTIME
     return 0

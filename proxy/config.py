@@ -309,6 +309,18 @@ DATABASE_FORMS = "sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER:PASSWORD
 _DATABASE_DRIVERS = ("sqlite+aiosqlite", "postgresql+asyncpg")
 
 
+# An upstream URL ending so names one endpoint, where a base is needed.
+_ENDPOINTS = ("/chat/completions", "/completions", "/responses", "/messages", "/embeddings", "/models")
+
+
+def upstream_url_warnings(settings: Settings) -> list[str]:
+    """What in the upstream URLs is allowed but likely wrong, for the start to say."""
+    if urlsplit(settings.upstream_url).path.strip("/"):
+        return []
+    return [f"the OpenAI upstream {shown_url(settings.upstream_url)} has no path: OpenAI-compatible servers serve "
+            f"under one (…/v1), and a request they do not know is answered 404"]
+
+
 def _validate(settings: Settings, origin: Mapping[str, str] | None = None) -> None:
     """Checks across values, each error naming where the value came from (the flag, the variable, the file)."""
     def named(name: str) -> str:
@@ -322,6 +334,15 @@ def _validate(settings: Settings, origin: Mapping[str, str] | None = None) -> No
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(f"{named(name)} must be an http(s) URL, got {shown_url(url)!r}")
+        if name.endswith("upstream_url"):
+            path = parts.path.rstrip("/")
+            endpoint = next((path[:-len(end)] for end in _ENDPOINTS if path.endswith(end)), None)
+            if endpoint is None and "/models/" in path:
+                endpoint = path.partition("/models/")[0]
+            if endpoint is not None:  # each request's path would be added to it: /v1/chat/completions/v1/...
+                base = shown_url(parts._replace(path=endpoint, query="").geturl())
+                raise ConfigError(f"{named(name)} is an endpoint, not a base URL: give {base!r}, loopwarden adds "
+                                  f"the path each request names (got {shown_url(url)!r})")
     driver = settings.database_url.partition("://")[0].lower()
     if "://" not in settings.database_url or driver not in _DATABASE_DRIVERS:
         shown = shown_url(settings.database_url) if "://" in settings.database_url else settings.database_url

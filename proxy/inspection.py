@@ -61,11 +61,16 @@ OPENING_MESSAGES = 100
 MODEL_CHARS = 256  # a model's name as every cache, span and column holds it (no real one is longer)
 
 
-def client_key(headers: Mapping[str, str]) -> str:
+def client_key(headers: Mapping[str, str], query: Mapping[str, str] | None = None) -> str:
+    """The key the client authenticates with: in a header, or (the Gemini API's other way) the `key` query
+    parameter."""
     auth = headers.get("Authorization", "")
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip()
-    return (headers.get("x-api-key") or headers.get("api-key") or headers.get("x-goog-api-key") or "").strip()
+    key = headers.get("x-api-key") or headers.get("api-key") or headers.get("x-goog-api-key")
+    if not key and query is not None:
+        key = query.get("key")
+    return (key or "").strip()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -172,6 +177,7 @@ class Incoming:
     dialect: Dialect
     chain: Chain | None = None  # what a request continuing a conversation the service keeps continues
     path: str = ""  # the request's path, as sent (some dialects name the model there)
+    query: Mapping[str, str] | None = None  # its query (the Gemini API may carry the key there)
 
 
 @dataclass
@@ -283,7 +289,7 @@ class Inspector:
             payload, raw = cleaned, orjson.dumps(cleaned)
         conversation: Conversation = dialect.read(payload, chain.messages if chain is not None else None)
         messages = conversation.messages
-        key_of_client = client_key(headers)
+        key_of_client = client_key(headers, incoming.query)
         tenant = tenant_of(key_of_client)
         session_id = named_session(headers, chain, dialect.is_side_request(payload))
         fingerprints = None  # the messages', for the fold cache; taken here when they name the session

@@ -106,6 +106,7 @@ class FakeUpstream:
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/files/{file_id}/content", self._file_content)
         app.router.add_route("*", "/v1beta/models/{target}", self._gemini)
+        app.router.add_route("*", "/v1beta/tunedModels/{target}", self._gemini)
         app.router.add_route("*", "/v1/models/{target:[^/]*:[^/]*}", self._gemini)
         app.router.add_get("/v1beta/models", self._gemini_models)
         app.router.add_route("*", "/v1/{tail:.*}", self._echo)

@@ -157,3 +157,34 @@ def test_replay_reads_gemini_request_bodies(tmp_path):
     found = replay(DetectConfig(), record).episodes
     assert [(e["turn"], e["type"], e["action"]) for e in found] == [
         (5, "tool_call", "warned"), (6, "tool_call", "warned"), (7, "tool_call", "stopped")]
+
+
+async def test_a_tuned_model_is_watched_as_a_model_is(upstream, proxy_factory):
+    proxy = await proxy_factory(upstream.url, gemini_upstream_url=upstream.root)
+    body = {"contents": [{"role": "user", "parts": [{"text": "Make the tests pass."}]}]}
+    for _ in range(7):
+        body["contents"] += [{"role": "model", "parts": [{"functionCall": {"name": "read_file", "args": {}}}]},
+                             {"role": "user", "parts": [{"functionResponse": {
+                                 "name": "read_file", "response": {"output": "def add(a, b): return a - b"}}}]}]
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.root}/v1beta/tunedModels/tuned-1:generateContent", json=body,
+                             headers={"x-goog-api-key": "gemini-key-1"}) as answer:
+            refused = await answer.json()
+    assert answer.status == 400 and refused["error"]["details"][0]["reason"] == "LOOP_DETECTED"
+    assert upstream.requests == []
+
+
+async def test_a_key_in_the_query_is_the_tenant_as_the_header_is(upstream, proxy_factory):
+    """Two customers whose runs open alike, each with its own `?key=`: two sessions, never one."""
+    proxy = await proxy_factory(upstream.url, gemini_upstream_url=upstream.root)
+    body = {"contents": [{"role": "user", "parts": [{"text": "Make the tests pass."}]}]}
+    sessions = []
+    async with aiohttp.ClientSession() as http:
+        for key in ("customer-a", "customer-b", "customer-a"):
+            upstream.script.append(Turn(content="ok"))
+            async with http.post(f"{proxy.root}/v1beta/models/gemini-test:generateContent?key={key}",
+                                 json=body) as answer:
+                assert answer.status == 200
+                sessions.append(answer.headers["X-Loopwarden-Session"])
+    assert sessions[0] == sessions[2] != sessions[1]
+    assert [request.query for request in upstream.requests] == ["key=customer-a", "key=customer-b", "key=customer-a"]

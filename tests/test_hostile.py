@@ -93,3 +93,14 @@ async def test_upstream_credentials_stay_out_of_answers_and_work_with_a_clients_
                              headers={"Content-Type": "application/json"}) as answer:
             text = await answer.text()
     assert answer.status == 504 and "s3cret" not in text and "k3y" not in text
+
+
+@pytest.mark.parametrize("path", ["/v1beta/models/gemini-test:generateContent%3B",
+                                  "/v1beta/models/gemini-test:generateContent;alt=sse",
+                                  "/v1beta/tunedModels/tuned-1:generateContent%3B"])
+async def test_a_gemini_method_spelled_with_more_than_letters_is_refused_not_relayed(upstream, proxy, path):
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.root}{path}", data=BODY, headers={"Content-Type": "application/json"}) as answer:
+            body = await answer.json()
+    assert answer.status == 400 and body["error"]["code"] == "invalid_path"
+    assert upstream.requests == []

@@ -117,3 +117,40 @@ async def test_serve_runs_on_uvloop_where_installed_and_on_the_standard_loop_whe
     assert "event loop: asyncio" in described
     # The start line and `config` say alike how the request path runs (compiled, or as plain Python).
     assert start.endswith(f"request path {described.split('request path: ')[1].splitlines()[0]}"), start
+
+
+async def test_the_first_mistakes_get_one_line_each(tmp_path):
+    """A port in use, and an upstream URL that names an endpoint: one line that says what, no traceback."""
+    import subprocess
+    import sys
+
+    from tests.test_log_api import ROOT
+
+    def serve(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "proxy", "serve", "--database-url",
+                               f"sqlite+aiosqlite:///{tmp_path}/mistakes.db", *flags],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    async with serving(f"sqlite+aiosqlite:///{tmp_path}/taken.db", "http://127.0.0.1:9/v1") as (_, port):
+        taken = await asyncio.to_thread(serve, "--port", str(port))
+    assert taken.returncode == 1 and "Traceback" not in taken.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in taken.stderr and "address already in use" in taken.stderr
+    endpoint = await asyncio.to_thread(serve, "--upstream", "https://api.example.com/v1/chat/completions")
+    assert endpoint.returncode == 2 and "Traceback" not in endpoint.stderr
+    assert "is an endpoint, not a base URL: give 'https://api.example.com/v1'" in endpoint.stderr
+
+
+async def test_sigterm_at_any_moment_of_the_start_exits_0_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.test_log_api import ROOT, _free_port
+
+    for delay in (0.8, 1.2, 1.6, 2.0, 2.5):  # from the moment its arguments are read
+        process = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve", "--port", str(_free_port()), "--upstream", "http://127.0.0.1:9/v1",
+             "--database-url", f"sqlite+aiosqlite:///{tmp_path}/start-{delay}.db"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        await asyncio.sleep(delay)
+        stderr = await stopped(process)
+        assert process.returncode == 0 and "Traceback" not in stderr, (delay, stderr[-2000:])

@@ -169,7 +169,7 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
         chain = await chain
     try:
         verdict = guard.inspector.inspect(Incoming(request.headers, raw, payload, dialect, chain,
-                                                   request.rel_url.raw_path), span)
+                                                   request.rel_url.raw_path, request.rel_url.query), span)
     except RequestError as exc:
         return _refused(dialect, str(exc), "invalid_value")
     if isinstance(verdict, Stop):
@@ -407,9 +407,16 @@ async def _relay_stream(request: web.Request, upstream: UpstreamResponse, header
 
 
 async def gemini(request: web.Request) -> web.StreamResponse:
-    """`…/models/{model}:{method}` under /v1beta/ or /v1/: generateContent and streamGenerateContent are
-    watched in the Gemini dialect, any other method (`countTokens`, `embedContent`) relayed to its upstream."""
-    if request.method == "POST" and gemini_inspected(request.match_info["target"]):
+    """`…/models/{model}:{method}` and `…/tunedModels/{model}:{method}` under /v1beta/ or /v1/: generateContent
+    and streamGenerateContent are watched in the Gemini dialect, any other method (`countTokens`,
+    `embedContent`) relayed to its upstream. A method spelled with anything but letters
+    (`generateContent%3B`) is refused: the upstream may read it as a watched one."""
+    target = request.match_info["target"]
+    method = target.rpartition(":")[2] if ":" in target else ""
+    if method and not (method.isascii() and method.isalpha()):
+        return json_error(400, f"a Gemini method is letters only, got {method[:60]!r}", "invalid_request_error",
+                          "invalid_path")
+    if request.method == "POST" and gemini_inspected(target):
         return await _GEMINI_HANDLER(request)
     return await passthrough(request, GEMINI if ":" in request.match_info["target"] else None)
 
@@ -422,6 +429,9 @@ async def gemini_passthrough(request: web.Request) -> web.StreamResponse:
     return await passthrough(request, GEMINI)
 
 
+GEMINI_MODELS = ("models", "tunedModels")  # the Gemini API's collections whose members generate content
+
+
 def inspected_alias(raw_path: str) -> str | None:
     """The watched path that `raw_path` spells another way (`/v1//chat/completions`, a trailing slash,
     `chat%2fcompletions`), if it is one."""
@@ -430,8 +440,9 @@ def inspected_alias(raw_path: str) -> str | None:
         return None
     if canonical in ROUTES:
         return canonical
-    head, _, target = canonical.rpartition("/models/")
-    return canonical if head in ("/v1", "/v1beta") and gemini_inspected(target) else None
+    _, version, models, target = (canonical.split("/", 3) + ["", "", ""])[:4]
+    return canonical if version in ("v1", "v1beta") and models in GEMINI_MODELS and gemini_inspected(target) \
+        else None
 
 
 async def passthrough(request: web.Request, dialect: Dialect | None = None) -> web.StreamResponse:
@@ -570,8 +581,10 @@ def create_app(settings: Settings) -> web.Application:
                                         web.get("/", healthz),  # clients probe the base URL (Claude Code: HEAD /)
                                         web.get("/metrics", metrics_page), *admin.routes(guard, settings.admin_token),
                                         *(web.post(path, inspected(dialect)) for path, dialect in ROUTES.items()),
-                                        web.route("*", "/v1beta/models/{target}", gemini),
-                                        web.route("*", "/v1/models/{target:[^/]*:[^/]*}", gemini),
+                                        *(web.route("*", f"/v1beta/{models}/{{target}}", gemini)
+                                          for models in GEMINI_MODELS),
+                                        *(web.route("*", f"/v1/{models}/{{target:[^/]*:[^/]*}}", gemini)
+                                          for models in GEMINI_MODELS),
                                         web.route("*", "/v1beta/{tail:.*}", gemini_passthrough),
                                         web.route("*", "/v1/{tail:.*}", passthrough)])
     fallback = _Unrouted()  # last: asked only when no route above takes the request

@@ -106,11 +106,18 @@ async def send_upstream(client: UpstreamClient, method: str, url: URL, headers: 
     try:
         return await client.request(method, url, headers, data, length, sent)
     except TimeoutError as exc:
-        raise UpstreamFailure(504, "upstream_timeout", f"upstream did not answer in time ({shown_url(str(url))})") from exc
+        failure = UpstreamFailure(504, "upstream_timeout", f"upstream did not answer in time ({shown_url(str(url))})")
+        cause: BaseException = exc
     except ConnectFailed as exc:
-        raise UpstreamFailure(502, "upstream_unreachable", f"upstream unreachable: {exc.os_error}") from exc
+        failure = UpstreamFailure(502, "upstream_unreachable",
+                                  f"upstream {shown_url(str(url.origin()))} unreachable: {exc.os_error}")
+        cause = exc
     except (UpstreamError, OSError) as exc:
-        raise UpstreamFailure(502, "upstream_unreachable", f"upstream connection failed: {exc}") from exc
+        failure = UpstreamFailure(502, "upstream_unreachable",
+                                  f"upstream {shown_url(str(url.origin()))} connection failed: {exc}")
+        cause = exc
+    log.warning("%s %s: %s", method, shown_url(str(url.with_query(None))), failure.message)
+    raise failure from cause
 
 
 def is_read_failure(exc: BaseException) -> bool:

@@ -219,8 +219,8 @@ class GeminiDialect(DialectDefaults):
 
     @staticmethod
     def model(payload: dict, raw_path: str) -> str | None:
-        """The model is named in the path only: `…/models/{model}:{method}`."""
-        model = unquote(raw_path.rpartition("/models/")[2].partition(":")[0])
+        """The model is named in the path only: `…/models/{model}:{method}` (or `…/tunedModels/…`)."""
+        model = unquote(raw_path.rpartition("/")[2].partition(":")[0])
         return model or None
 
     @staticmethod
