@@ -9,7 +9,13 @@ Starts `loopwarden serve` (a process) on a fresh SQLite log in front of the benc
    while another client asks `/healthz` every 10 ms: the time the stream took, and the slowest `/healthz`
    (the targets: under 5 s, and under 50 ms);
 3. asks for a non-streamed answer of `--answer-mb` MB: relayed as it comes past what is inspected, so the
-   proxy's memory stays near where it was.
+   proxy's memory stays near where it was;
+4. sends requests whose tool results are `Error: ` and a run of 8,000, 16,000 and 100,000 digits (a backtracking
+   pattern once took 10 s on 8,000), and histories never seen before of 6 and 27 MB, each while `/healthz` is
+   asked every 10 ms (the targets: each answered in well under a second, `/healthz` never above 300 ms);
+5. puts a second proxy in front of a raw-socket upstream that answers with 300,000 headers, with an early 413
+   before the request body is read, and with answers of 1 to 8 MB that clients leave after their first bytes: the
+   status each gets and how long it took, the slowest later request, and the proxy's memory.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import argparse
 import asyncio
 import gc
 import http.client
+import subprocess
 import sys
 import threading
 import time
@@ -30,7 +37,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from overhead import Served  # noqa: E402
+from overhead import Served, free_port  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -125,12 +132,147 @@ async def large_answer(served: Served, client: aiohttp.ClientSession, answer_mb:
             "proxy_peak_rss_mb": round(peak, 1)}
 
 
+async def while_probed(url: str, client: aiohttp.ClientSession, body: bytes) -> dict:
+    """One request, with `/healthz` asked every 10 ms from a thread meanwhile: its status and time, and the
+    slowest `/healthz`."""
+    done = threading.Event()
+    health: list[float] = []
+    prober = threading.Thread(target=probe_health, args=(url, done, health))
+    prober.start()
+    await asyncio.sleep(0.1)
+    began = time.perf_counter()
+    async with client.post(f"{url}/chat/completions", data=body, headers={"Content-Type": "application/json"}) as got:
+        await got.read()
+    took = time.perf_counter() - began
+    await asyncio.sleep(0.1)
+    done.set()
+    prober.join()
+    return {"status": got.status, "seconds": round(took, 3), "body_mb": round(len(body) / 1e6, 1),
+            "healthz_max_ms": round(max(health) * 1000, 1)}
+
+
+def _tool_step(k: int, result: str) -> list[dict]:
+    call = {"id": f"call_{k}", "type": "function", "function": {"name": "run", "arguments": f'{{"n": {k}}}'}}
+    return [{"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{k}", "content": result}]
+
+
+async def stalls(served: Served, client: aiohttp.ClientSession) -> list[dict]:
+    results = []
+    for digits in (8_000, 16_000, 100_000):
+        messages = [{"role": "user", "content": f"run it ({digits})"}]
+        for k in range(3):
+            messages += _tool_step(k, "Error: " + "4" * digits)
+        results.append({"case": f"tool results of Error: and {digits} digits",
+                        **await while_probed(served.url, client, orjson.dumps({"model": "m", "messages": messages}))})
+    prose = "".join(f"{k}. The build reads the configuration file and writes the result {k * 7919} to the log.\n"
+                    for k in range(40))
+    for mb in (6, 27):
+        messages = [{"role": "user", "content": f"summarise the notes ({mb} MB)"}]
+        k = 0
+        while sum(len(m.get("content") or "") for m in messages) < mb * 1_000_000:
+            messages += _tool_step(k, prose)
+            k += 1
+        results.append({"case": f"a history never seen of {mb} MB ({len(messages)} messages)",
+                        **await while_probed(served.url, client, orjson.dumps({"model": "m", "messages": messages}))})
+    return results
+
+
+class RawUpstream:
+    """A raw-socket upstream whose answer depends on the request's model: `headers` (300,000 of them), `early`
+    (a 413 before the body is read, then the connection closed), or `big-N` (an answer of N MB)."""
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                if b"X-Case: early" in head:
+                    writer.write(b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: 24\r\nConnection: close\r\n\r\n{\"error\": \"too large\"}  ")
+                    await writer.drain()
+                    break
+                await reader.readexactly(length)
+                if b"X-Case: headers" in head:
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n")
+                    for k in range(300):
+                        writer.write(b"".join(b"X-H%d: v\r\n" % (k * 1000 + n) for n in range(1000)))
+                        await writer.drain()
+                    writer.write(b"\r\n{}")
+                else:
+                    size = int(head.split(b"X-Case: big-")[1].split(b"\r\n")[0]) * 1_000_000
+                    body = b'{"id": "x", "object": "chat.completion", "choices": [], "pad": "%b"}' % (b"y" * size)
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+                                 % (len(body), body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # a client gone, or the benchmark over: a connection still open is cancelled then
+        finally:
+            writer.close()
+
+
+async def hostile_upstream(tmp: str) -> list[dict]:
+    server = await asyncio.start_server(RawUpstream().serve, "127.0.0.1", 0)
+    up = server.sockets[0].getsockname()[1]
+    port = free_port()
+    proxy = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream",
+                              f"http://127.0.0.1:{up}/v1", "--database-url", f"sqlite+aiosqlite:///{tmp}/raw.db",
+                              "--log-level", "error", "--upstream-read-timeout", "10"], cwd=ROOT)
+    url = f"http://127.0.0.1:{port}/v1"
+    results = []
+    try:
+        async with aiohttp.ClientSession() as client:
+            for _ in range(100):
+                try:
+                    async with client.get(f"http://127.0.0.1:{port}/healthz") as ready:
+                        if ready.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    await asyncio.sleep(0.1)
+            chat = orjson.dumps({"model": "m", "messages": MESSAGES})
+            before = rss_mb(proxy.pid)
+            for case, body in (("headers", chat), ("early", b"x" * 4_000_000)):
+                began = time.perf_counter()
+                async with client.post(f"{url}/chat/completions" if case == "headers" else f"{url}/files",
+                                       data=body, headers={"X-Case": case, "Content-Type": "application/json"}) as got:
+                    text = await got.read()
+                results.append({"case": {"headers": "an answer with 300,000 headers",
+                                         "early": "a 413 before a 4 MB body is read"}[case], "status": got.status,
+                                "seconds": round(time.perf_counter() - began, 3), "says": text[:120].decode(),
+                                "rss_before_mb": round(before, 1), "rss_after_mb": round(rss_mb(proxy.pid), 1)})
+            slowest = 0.0
+            for mb in (1, 2, 4, 8):
+                for path in ("/chat/completions", "/files"):
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.write(b"POST /v1%b HTTP/1.1\r\nHost: x\r\nX-Case: big-%d\r\nContent-Type: application/json"
+                                 b"\r\nContent-Length: %d\r\n\r\n%b" % (path.encode(), mb, len(chat), chat))
+                    await reader.read(65536)  # the answer has begun: the client leaves
+                    writer.close()
+                    began = time.perf_counter()
+                    async with client.post(f"{url}{path}", data=chat,
+                                           headers={"X-Case": f"big-{mb}", "Content-Type": "application/json"}) as got:
+                        await got.read()
+                    slowest = max(slowest, time.perf_counter() - began)
+            results.append({"case": "clients leaving answers of 1-8 MB (watched and relayed), each followed by "
+                                    "another request", "slowest_next_request_s": round(slowest, 3)})
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=30)
+        server.close()
+    return results
+
+
 async def main(names: int, name_mb: int, line_mb: int, answer_mb: int) -> None:
     async with Served("hostile") as served:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as client:
             print(orjson.dumps(await model_names(served, client, names, name_mb)).decode(), flush=True)
             print(orjson.dumps(await endless_line(served, client, line_mb)).decode(), flush=True)
             print(orjson.dumps(await large_answer(served, client, answer_mb)).decode(), flush=True)
+            for result in await stalls(served, client):
+                print(orjson.dumps(result).decode(), flush=True)
+        for result in await hostile_upstream(served.tmp):
+            print(orjson.dumps(result).decode(), flush=True)
 
 
 if __name__ == "__main__":
