@@ -15,14 +15,13 @@ from proxy.policy import Policies, PolicyError, parse as parse_policies
 ENV_PREFIX = "LOOPWARDEN_"
 WARNING_ROLES = ("system", "developer", "user")
 PRESETS: dict[str, dict[str, Any]] = {
+    # Warned after the 3rd identical call, stopped at the 4th; chanting at 5 repeats.
     "strict": {"tool_call_threshold": 3, "content_loop_threshold": 5, "max_warnings": 1},
+    # Warned after the 3rd and 4th identical calls, stopped at the 5th: before the own guard of every agent the
+    # README lists (in-agent guards converged on warning at about 3 and stopping at about 5).
     "default": {},
-    "lenient": {
-        "tool_call_threshold": 7,
-        "content_loop_threshold": 15,
-        "max_warnings": 3,
-        "dynamic_thresholds": True,
-    },
+    # The ladder before 2026-11: warned after the 5th and 6th, stopped at the 7th.
+    "lenient": {"tool_call_threshold": 5},
 }
 
 
@@ -62,7 +61,7 @@ class Settings:
     admin_token: str | None = None
     preset: str = "default"
     max_warnings: int = 2
-    tool_call_threshold: int = 5
+    tool_call_threshold: int = 3
     content_chunk_size: int = 50
     content_loop_threshold: int = 10
     dynamic_thresholds: bool = False

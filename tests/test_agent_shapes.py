@@ -16,7 +16,7 @@ from proxy.replay import read_records, replay
 from proxy.wire.chat import ChatDialect
 
 AGENTS = Path(__file__).parent / "fixtures" / "agents"
-DEFAULT = DetectConfig()
+DEFAULT = DetectConfig(tool_call_threshold=5)
 STRICT = DetectConfig(tool_call_threshold=3, max_warnings=1)  # the `strict` preset
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from proxy.config import ConfigError, build
@@ -9,7 +11,7 @@ from proxy.config import ConfigError, build
 
 def test_defaults():
     settings = build({}, environ={})
-    assert (settings.port, settings.max_warnings, settings.tool_call_threshold) == (8989, 2, 5)
+    assert (settings.port, settings.max_warnings, settings.tool_call_threshold) == (8989, 2, 3)
     assert settings.database_url == "sqlite+aiosqlite:///./loopwarden.db"
     assert settings.whitelisted_tools == frozenset()
 
@@ -29,7 +31,10 @@ def test_presets_and_explicit_settings_win():
     strict = build({"preset": "strict"}, environ={})
     assert (strict.tool_call_threshold, strict.content_loop_threshold, strict.max_warnings) == (3, 5, 1)
     lenient = build({}, environ={"LOOPWARDEN_PRESET": "lenient", "LOOPWARDEN_MAX_WARNINGS": "0"})
-    assert (lenient.tool_call_threshold, lenient.dynamic_thresholds, lenient.max_warnings) == (7, True, 0)
+    assert (lenient.tool_call_threshold, lenient.content_loop_threshold, lenient.max_warnings) == (5, 10, 0)
+    # lenient is the ladder before 2026-11, as an explicit threshold of 5 gives it
+    five = build({"tool_call_threshold": "5"}, environ={})
+    assert build({"preset": "lenient"}, environ={}) == dataclasses.replace(five, preset="lenient")
 
 
 @pytest.mark.parametrize(

@@ -400,3 +400,21 @@ async def test_a_traceback_with_caret_lines_streams_whole_and_warns_nothing(upst
     await agent.turn()
     assert warnings_in(upstream.chat_requests[-1]) == []
     await agent.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_default_ladder_warns_after_the_third_and_fourth_identical_calls_and_stops_the_fifth(
+        upstream, proxy_factory, stream):
+    """The default settings act before an agent's own guard (most give up at the 4th or 5th identical call)."""
+    proxy = await proxy_factory(upstream.url, preset="default")
+    agent = Agent(proxy.url, stream=stream)
+    await loop_calls(agent, upstream, 3, CONTENT)
+    assert all(warnings_in(body) == [] for body in upstream.chat_requests)
+    await loop_calls(agent, upstream, 1, CONTENT)
+    assert [t[:33] for _, t in warnings_in(upstream.chat_requests[3])] == ["[loopwarden] Loop detected (1/2):"]
+    await loop_calls(agent, upstream, 1, CONTENT)
+    assert agent.last_headers["x-loopwarden-warning"] == "2/2 tool_call"
+    with pytest.raises(openai.BadRequestError) as caught:
+        await agent.turn()
+    assert caught.value.code == "loop_detected" and len(upstream.chat_requests) == 5
+    await agent.close()

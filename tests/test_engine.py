@@ -17,7 +17,7 @@ from proxy.policy import parse as parse_policies
 from proxy.wire.chat import ChatDialect
 from tests.convo import analyze, assistant, conversation, neutral, step, steps, user
 
-DEFAULT = DetectConfig()
+DEFAULT = DetectConfig(tool_call_threshold=5)
 SENTENCE = "This is a sentence that repeats over and over now. "
 
 
@@ -98,7 +98,7 @@ def test_an_unknown_result_counts_as_unchanged():
 
 
 def test_whitelisted_tools_are_never_counted():
-    config = DetectConfig(whitelisted_tools=frozenset({"debugger_next"}))
+    config = DetectConfig(tool_call_threshold=5, whitelisted_tools=frozenset({"debugger_next"}))
     calls = [step("debugger_next", {}, "line 10") for _ in range(10)]
     assert kinds(conversation(user("go"), *calls), config) == []
     assert kinds(conversation(user("go"), *calls)) != []
@@ -249,7 +249,7 @@ def test_injected_warnings_are_never_the_models_output_nor_a_new_task():
 
 
 def test_dynamic_thresholds():
-    config = DetectConfig(dynamic_thresholds=True)
+    config = DetectConfig(tool_call_threshold=5, dynamic_thresholds=True)
     assert kinds(conversation(user("go"), *same_calls(3)), config) == [(1, "tool_call")]
     early = [step("x", {"i": i}, "r") for i in range(31)]
     assert kinds(conversation(user("go"), *early, *same_calls(6)), config) == []
@@ -257,7 +257,7 @@ def test_dynamic_thresholds():
 
 
 def test_max_warnings_zero_stops_at_the_first_detection():
-    config = DetectConfig(max_warnings=0)
+    config = DetectConfig(tool_call_threshold=5, max_warnings=0)
     (episode,) = eps(conversation(user("go"), *same_calls(5)), config)
     assert episode.is_stop
 
@@ -281,7 +281,7 @@ def test_judge_verdicts_become_llm_episodes_on_the_next_turn():
     assert episodes(DEFAULT, state, judge_checks=[unsure, other_task]) == []
     (episode,) = episodes(DEFAULT, state, judge_checks=[sure])
     assert (episode.type, episode.turn) == ("llm", 31)
-    confirm = DetectConfig(judge_confirm=True)
+    confirm = DetectConfig(tool_call_threshold=5, judge_confirm=True)
     assert episodes(confirm, state, judge_checks=[JudgeCheck(state.key, 30, 0.95, 0.89)]) == []
     assert len(episodes(confirm, state, judge_checks=[JudgeCheck(state.key, 30, 0.95, 0.91)])) == 1
 
@@ -413,6 +413,19 @@ def test_qwen_unchanged_read_is_a_success_and_its_loop_says_so():
     assert "got the same result each time" in warning_text(found) and "failed" not in warning_text(found)
 
 
+def test_an_agents_unchanged_since_last_read_answer_is_the_read_it_points_to():
+    """Qwen Code answers a re-read with a marker from the 2nd read on: the default ladder warns after the 3rd."""
+    reads = [step("read_file", {"path": "a.txt"}, "port = 1")] + same_calls(2, name="read_file",
+                                                                            args={"path": "a.txt"},
+                                                                            result=QWEN_UNCHANGED)
+    assert kinds(conversation(user("go"), *reads), DetectConfig()) == [(1, "tool_call")]
+    claude = "File unchanged since last read. The content from the earlier Read tool_result is still current."
+    reads = [step("Read", {"file_path": "/a.txt"}, "port = 1")] + same_calls(2, name="Read",
+                                                                             args={"file_path": "/a.txt"},
+                                                                             result=claude)
+    assert kinds(conversation(user("go"), *reads), DetectConfig()) == [(1, "tool_call")]
+
+
 def test_qwen_validation_error_is_an_error():
     found = eps(conversation(user("go"), *same_calls(3, name="read_file", args={"path": "a", "bogus": 1},
                                                      result=QWEN_INVALID)))
@@ -483,7 +496,8 @@ def test_the_same_call_past_three_times_the_threshold_is_a_loop_whatever_its_res
     assert found[0].detail["same_result"] is False
     assert "its result changed" in warning_text(found[0])
     # A whitelisted tool is never counted, however often.
-    assert eps(conversation(user("go"), *calls), DetectConfig(whitelisted_tools=frozenset({"run_query"}))) == []
+    exempt = DetectConfig(tool_call_threshold=5, whitelisted_tools=frozenset({"run_query"}))
+    assert eps(conversation(user("go"), *calls), exempt) == []
 
 
 EDIT = {"path": "src/app.py", "old_str": "return parse(value)", "new_str": "return parse(value.strip())"}
@@ -508,11 +522,12 @@ def test_other_tools_whose_results_change_are_not_edits(name):
 
 def test_a_policy_says_which_tools_edit():
     calls = [step("sed_tool", EDIT, f"done {i}") for i in range(5)]
-    marked = DetectConfig(policies=parse_policies({"tools": {"sed_*": {"edit": True}}}))
+    marked = DetectConfig(tool_call_threshold=5, policies=parse_policies({"tools": {"sed_*": {"edit": True}}}))
     assert kinds(conversation(user("go"), *calls)) == []
     assert kinds(conversation(user("go"), *calls), marked) == [(1, "tool_call")]
     writer = [step("write_log", EDIT, f"appended line {i}") for i in range(5)]
-    unmarked = DetectConfig(policies=parse_policies({"tools": {"write_log": {"edit": False}}}))
+    unmarked = DetectConfig(tool_call_threshold=5,
+                            policies=parse_policies({"tools": {"write_log": {"edit": False}}}))
     assert kinds(conversation(user("go"), *writer)) == [(1, "tool_call")]
     assert kinds(conversation(user("go"), *writer), unmarked) == []
 
@@ -685,3 +700,16 @@ def test_a_usage_message_answering_each_malformed_call_is_one_error():
     found = eps(conversation(user("go"), *calls))
     assert [(e.number, e.type) for e in found] == [(1, "tool_error")]
     assert len(found[0].detail["calls"]) == 3
+
+
+def test_the_default_ladder_warns_at_the_third_and_fourth_identical_calls_and_stops_at_the_fifth():
+    ladder = DetectConfig()
+    assert kinds(conversation(user("go"), *same_calls(2)), ladder) == []
+    assert kinds(conversation(user("go"), *same_calls(3)), ladder) == [(1, "tool_call")]
+    found = eps(conversation(user("go"), *same_calls(5)), ladder)
+    assert [(e.number, e.type, e.is_stop) for e in found] == [
+        (1, "tool_call", False), (2, "tool_call", False), (3, "tool_call", True)]
+    # a cycle of two on its 6th call, as SPEC §5 scales it
+    cycle = [step(name, {"path": "a.py"}, "same") for _ in range(3) for name in ("open", "search")]
+    assert kinds(conversation(user("go"), *cycle[:5]), ladder) == []
+    assert kinds(conversation(user("go"), *cycle), ladder) == [(1, "tool_cycle")]

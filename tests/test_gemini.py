@@ -154,7 +154,7 @@ def test_replay_reads_gemini_request_bodies(tmp_path):
     path.write_bytes(orjson.dumps({"contents": contents, "systemInstruction": {"parts": [{"text": "Be brief."}]}}))
     (record,), errors = read_records([str(path)])
     assert errors == []
-    found = replay(DetectConfig(), record).episodes
+    found = replay(DetectConfig(tool_call_threshold=5), record).episodes
     assert [(e["turn"], e["type"], e["action"]) for e in found] == [
         (5, "tool_call", "warned"), (6, "tool_call", "warned"), (7, "tool_call", "stopped")]
 

@@ -9,6 +9,7 @@ from proxy.config import build
 from proxy.inspection import Forward, Incoming, Inspector, Stop
 from proxy.wire.chat import ChatDialect
 from proxy.wire.messages import MessagesDialect
+from tests.conftest import with_ladder_of_five
 from tests.convo import assistant, conversation, step, user
 
 HEADERS = {"Authorization": "Bearer key-1", "X-Loopwarden-Session": "s1"}
@@ -45,7 +46,7 @@ class Sink:
 
 
 def inspector(facts=None, sink=None, **settings) -> Inspector:
-    return Inspector(build(settings, environ={}), facts or Facts(), sink or Sink())
+    return Inspector(build(with_ladder_of_five(settings), environ={}), facts or Facts(), sink or Sink())
 
 
 def looping(calls: int) -> list[dict]:

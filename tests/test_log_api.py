@@ -140,6 +140,8 @@ async def _serve(database_url: str, upstream_url: str, log_level: str = "warning
                  ) -> tuple[subprocess.Popen, int]:
     """`loopwarden serve` as a process (with more `flags`), once it is ready: (process, port)."""
     port = _free_port()
+    if not any(flag in ("--preset", "--tool-call-threshold") for flag in flags):
+        flags = ("--tool-call-threshold", "5", *flags)  # the suite's ladder (tests/conftest.py)
     process = subprocess.Popen(
         [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream", upstream_url,
          "--database-url", database_url, "--log-level", log_level, *flags],

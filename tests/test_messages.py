@@ -275,7 +275,7 @@ async def test_replay_reads_the_messages_bodies_claude_code_sends(upstream, mess
     await call_loop(agent, upstream, 7)
     body = {"model": agent.model, "max_tokens": 1024, "system": SYSTEM_NOTICE, "messages": agent.messages}
     (record,), errors = read_records([str(_write(tmp_path / "claude.json", body))])
-    found = replay(DetectConfig(), record).episodes
+    found = replay(DetectConfig(tool_call_threshold=5), record).episodes
     assert errors == [] and [(e["turn"], e["type"], e["action"]) for e in found] == [
         (5, "tool_call", "warned"), (6, "tool_call", "warned"), (7, "tool_call", "stopped")]
     await agent.close()

@@ -186,7 +186,7 @@ def test_config_prints_values_and_where_they_came_from(policy_file):
     assert done.returncode == 0, done.stderr
     lines = {line.split()[0]: line for line in done.stdout.splitlines() if line and line.split()[0].isupper()}
     assert lines["MAX_WARNINGS"].split()[1:] == ["3", "--max-warnings"]
-    assert lines["TOOL_CALL_THRESHOLD"].split()[1:] == ["7", "preset", "lenient"]
+    assert lines["TOOL_CALL_THRESHOLD"].split()[1:] == ["5", "preset", "lenient"]
     assert lines["ADMIN_TOKEN"].split()[1:] == ["(set)", "LOOPWARDEN_ADMIN_TOKEN"]
     assert "secret-token" not in done.stdout
     assert '[tools."wait_*"] exempt = True' in done.stdout
@@ -230,7 +230,8 @@ async def test_replay_finds_what_a_live_proxy_in_observe_mode_logs(upstream, pro
     path = tmp_path / "runs.jsonl"
     path.write_bytes(b"".join(orjson.dumps({"model": "gpt-test", "messages": messages, "stream": streamed}) + b"\n"
                               for messages, streamed in runs.values()) + b"[1, 2]\n")
-    done = subprocess.run([sys.executable, "-m", "proxy", "replay", str(path), "--format", "json"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "proxy", "replay", str(path), "--format", "json",
+                           "--set", "tool_call_threshold=5"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     report = orjson.loads(done.stdout)
@@ -247,17 +248,18 @@ def test_replay_fail_on_and_set(tmp_path):
     path.write_bytes(orjson.dumps(looping_run(5)))  # a JSON file holding a list of messages
     run = lambda *extra: subprocess.run([sys.executable, "-m", "proxy", "replay", str(path), *extra],  # noqa: E731
                                         cwd=ROOT, capture_output=True, text=True, timeout=60)
-    warned = run("--fail-on", "stop")
+    warned = run("--fail-on", "stop", "--set", "tool_call_threshold=5")
     assert warned.returncode == 0 and "1 with episodes" in warned.stdout
-    assert run("--fail-on", "warn").returncode == 1
+    assert run("--fail-on", "warn", "--set", "tool_call_threshold=5").returncode == 1
     assert run("--fail-on", "stop", "--set", "max_warnings=0").returncode == 1
+    assert run("--fail-on", "stop").returncode == 1  # the default ladder stops the 5th identical call
     assert "no episodes" in run("--set", "tool_call_threshold=6").stdout
     bad = run("--set", "nonsense=1")
     assert bad.returncode == 2 and "--set" in bad.stderr
 
 
 def test_replay_reads_text_agents_and_responses_bodies():
-    config = DetectConfig()
+    config = DetectConfig(tool_call_threshold=5)
     react = [{"role": "system", "content": "ReAct"}, {"role": "user", "content": "Q?"}]
     for _ in range(7):
         react += [{"role": "assistant", "content": "Thought: again.\nAction: search\nAction Input: {\"q\": \"x\"}"},
@@ -278,7 +280,7 @@ def test_replay_reads_the_last_answer_of_a_record():
     chant = "I will now check the configuration file once more before I answer. " * 12
     record = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Is the config valid?"},
               {"role": "assistant", "content": chant}]  # recorded without "stream": true
-    (episode,) = replay(DetectConfig(), Record("final", neutral(record), False)).episodes
+    (episode,) = replay(DetectConfig(tool_call_threshold=5), Record("final", neutral(record), False)).episodes
     assert (episode["turn"], episode["type"], episode["action"]) == (1, "content", "warned")
-    streamed = replay(DetectConfig(), Record("final", neutral(record), True)).episodes
+    streamed = replay(DetectConfig(tool_call_threshold=5), Record("final", neutral(record), True)).episodes
     assert [(e["type"], e["action"]) for e in streamed] == [("content", "cut")]  # logged once, where it was cut

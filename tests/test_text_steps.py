@@ -14,7 +14,7 @@ from proxy.detect.texts import stop_text, warning_text
 from proxy.conversation import text_of
 from tests.convo import analyze, neutral
 
-DEFAULT = DetectConfig()
+DEFAULT = DetectConfig(tool_call_threshold=5)
 # The last request of a looping run of each agent, as the real packages sent it to a scripted model;
 # DSPy's every request (its trajectory grows inside one user message).
 RECORDED = json.loads((Path(__file__).parent / "fixtures" / "text_agents.json").read_text())

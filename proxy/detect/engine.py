@@ -17,7 +17,7 @@ from typing import Sequence
 
 from proxy.detect.content import Chant, ContentTracker
 from proxy.detect.judge_policy import JudgeCheck
-from proxy.detect.normalize import canonical_arguments, digest, excerpt, is_error_form, mask
+from proxy.detect.normalize import canonical_arguments, digest, excerpt, is_error_form, is_unchanged_read, mask
 from proxy.detect.text_steps import (
     TextAction,
     is_agent_preamble,
@@ -50,7 +50,7 @@ TYPES = ("tool_call", "tool_cycle", "tool_error", "content", "llm")
 
 @dataclass(frozen=True)
 class DetectConfig:
-    tool_call_threshold: int = 5
+    tool_call_threshold: int = 3
     content_chunk_size: int = 50
     content_loop_threshold: int = 10
     dynamic_thresholds: bool = False
@@ -209,7 +209,7 @@ def make_call(call: ToolCall, results: dict[str, tuple[str, bool]]) -> Call:
 def _call(name: str, arguments: str, outcome: tuple[str, bool] | None) -> Call:
     """A step, compared by meaning: the action's name and canonical arguments, and its result (masked when
     first compared)."""
-    if outcome is None:
+    if outcome is None or is_unchanged_read(outcome[0]):  # unknown, or the same as the read before
         return Call(name, arguments)
     text, marked = outcome
     error = error_text(mask(text)) if marked or is_error_form(text) else None

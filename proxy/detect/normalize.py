@@ -126,6 +126,14 @@ def canonical_arguments(arguments: object) -> str:
             return arguments.strip() if isinstance(arguments, str) else "<arguments nested too deep to compare>"
 
 
+def is_unchanged_read(text: str) -> bool:
+    """An agent's own answer to a re-read, saying the file is as the earlier read showed it (Qwen Code's `[File
+    a.txt unchanged since last read in this session. …]`, Claude Code's `File unchanged since last read. …`):
+    it stands for that read's result."""
+    head = text[:200].lstrip("[ ")
+    return head.startswith("File") and "unchanged since last read" in head
+
+
 def _failed_object(value: object) -> bool:
     """A JSON object that says it failed: `"success": false`, or a non-empty `error`."""
     return isinstance(value, dict) and (value.get("success") is False or bool(value.get("error")))

@@ -174,3 +174,29 @@ async def test_gemini_cli_benign_run_ends_with_its_answer(upstream, proxy_factor
     assert len(seen) == 2 and "Exit Code: 1" in str(seen[1]["contents"])  # the test really ran, and failed
     assert all(warnings(body) == [] for body in seen)
     assert await detections(running.root) == []
+
+
+async def test_gemini_cli_stuck_on_one_read_gets_the_default_warning_before_its_own_guard(
+        upstream, proxy_factory, tmp_path):
+    """Gemini CLI gives up on a call repeated 5 times; the default ladder warns after the 3rd."""
+    running = await proxy_factory(upstream.url, gemini_upstream_url=upstream.root, preset="default")
+
+    def answer(body: dict) -> Turn:
+        return side_answer(body) if not body.get("tools") else Turn(tool_calls=[READ_CALC])
+
+    upstream.responder = answer
+    await run_gemini(running.root, "Make the tests pass", tmp_path)
+    seen = main_turns(upstream)
+    warned = next(k for k, body in enumerate(seen) if warnings(body))
+    assert responses(seen[warned]) == 3  # the answer to the third identical read carried the first warning
+    (first_warning,) = warnings_after_responses(seen[warned])
+    assert first_warning.startswith("[loopwarden] Loop detected (1/2): you called `read_file`")
+    # ...before Gemini CLI's own loop check said anything to the model.
+    assert "Potential loop detected" not in str(seen[warned]["contents"])
+
+    async def logged():
+        found = await detections(running.root)
+        return found or None
+
+    first = min(await wait_for(logged), key=lambda d: d["episode"])
+    assert (first["type"], first["action"], first["episode"]) == ("tool_call", "warned", 1)

@@ -250,3 +250,33 @@ async def test_codex_exec_ends_with_the_notice_and_does_not_retry(upstream, prox
     assert len(upstream.responses_requests) == 1  # not retried
     assert_cut_at_once(upstream)
     await assert_logged_in_the_reasoning(proxy, "responses")
+
+
+async def test_qwen_code_stuck_on_one_read_gets_the_default_warning_before_its_own_guard(
+        upstream, proxy_factory, tmp_path):
+    """Qwen Code halts on 5 identical calls and answers a re-read with `[File … unchanged since last read …]`:
+    that answer is the read's result, and the default ladder warns after the 3rd read."""
+    qwen = BIN / "qwen"
+    needs(qwen, what="Qwen Code")
+    proxy = await proxy_factory(upstream.url, preset="default")
+    home, project = tmp_path / "home", tmp_path / "project"
+    (home / ".qwen").mkdir(parents=True)
+    (home / ".qwen" / "settings.json").write_text('{"security": {"auth": {"selectedType": "openai"}}}')
+    project.mkdir()
+    (project / "notes.md").write_text("| a | b |\n|---|---|\n| 4 | 5 |\n")
+
+    def agent_turn(body: dict) -> bool:
+        return system_prompt(body).startswith("You are Qwen Code")
+
+    read = ("read_file", {"file_path": str(project / "notes.md")})
+    upstream.responder = lambda body: Turn(tool_calls=[read]) if agent_turn(body) else Turn(content="Notes")
+    await run([str(qwen), "-p", PROMPT], project,
+              {"HOME": str(home), "TERM": "dumb", "OPENAI_BASE_URL": proxy.url, "OPENAI_API_KEY": "sk-local-1",
+               "OPENAI_MODEL": "qwen3"})
+    turns = [r.json for r in upstream.requests if r.path == "/v1/chat/completions" and agent_turn(r.json)]
+    results = [[m for m in body["messages"] if m["role"] == "tool"] for body in turns]
+    warned = next(k for k, body in enumerate(turns) if b"[loopwarden] Loop detected (1/2)" in orjson.dumps(body))
+    assert len(results[warned]) == 3  # the answer to the third read carried the first warning
+    assert "unchanged since last read" in str(results[warned][-1]["content"])
+    rows = await detections(proxy)
+    assert min((r["episode"], r["type"], r["action"]) for r in rows) == (1, "tool_call", "warned")
