@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.detect import normalize
 from proxy.detect.normalize import mask
 
 
@@ -42,3 +43,17 @@ def test_noise_is_masked(noisy, masked):
 ])
 def test_meaning_is_kept(meaningful):
     assert mask(meaningful) == " ".join(meaningful.split())
+
+
+@pytest.mark.parametrize("result, failed", [
+    ('{"exit": 1, "output": "FAILED tests/test_a.py::test_x"}', True),
+    ('{"exit_code": 2, "stdout": "", "stderr": "make: *** [all] Error 2"}', True),
+    ('{"returncode": 0, "stdout": "ok"}', False),
+    ('{"exit": 0, "output": "3 passed"}', False),
+    ('{"exitCode": 1}', True),
+    ('{"status": "error", "message": "timeout"}', True),
+    ('{"status": "failed", "build": 12}', False),  # a status the tool read (a CI build's), not its own failure
+    ('{"exit": true}', False),
+])
+def test_a_json_result_with_a_non_zero_exit_is_an_error(result, failed):
+    assert normalize.is_error_form(result) is failed

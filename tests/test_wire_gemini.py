@@ -96,3 +96,17 @@ def test_gemini_clis_own_loop_notice_starts_no_task():
     read = gemini.read(payload)
     assert read.messages[-1] == Message("system", "System: Potential loop detected. Details: Repeated tool call.")
     assert [m.role for m in read.messages].count("user") == 1
+
+
+def test_a_function_return_value_wrapped_in_result_is_read_as_its_text():
+    """google-genai's automatic function calling and ADK send a function's return value as `{"result": ...}`:
+    a failing test run's report inside it is read as the report, so its failure form shows."""
+    report = "FAILED tests/test_calc.py::test_add - assert -1 == 3\n1 failed in 0.02s"
+    payload = {"contents": [
+        {"role": "user", "parts": [{"text": "make the tests pass"}]},
+        {"role": "model", "parts": [{"functionCall": {"name": "run_tests", "args": {}}}]},
+        {"role": "user", "parts": [{"functionResponse": {"name": "run_tests", "response": {"result": report}}}]}]}
+    assert gemini.read(payload).messages[-1] == Message("tool", report, call_id="run_tests#0")
+    # a return value with more in it than one text is read as JSON, as before
+    payload["contents"][2]["parts"][0]["functionResponse"]["response"] = {"result": report, "took": 2}
+    assert gemini.read(payload).messages[-1].text == orjson.dumps({"result": report, "took": 2}).decode()

@@ -135,8 +135,20 @@ def is_unchanged_read(text: str) -> bool:
 
 
 def _failed_object(value: object) -> bool:
-    """A JSON object that says it failed: `"success": false`, or a non-empty `error`."""
-    return isinstance(value, dict) and (value.get("success") is False or bool(value.get("error")))
+    """A JSON object that says it failed: `"success": false`, a non-empty `error`, a non-zero exit code
+    (`"exit": 1`, `"exit_code": 2`, `"returncode": 1`, as shell tools answer), or `"status": "error"`."""
+    if not isinstance(value, dict):
+        return False
+    if value.get("success") is False or value.get("error"):
+        return True
+    if any(isinstance(code := value.get(key), int) and not isinstance(code, bool) and code != 0
+           for key in _EXIT_KEYS):
+        return True
+    status = value.get("status")
+    return isinstance(status, str) and status.lower() == "error"
+
+
+_EXIT_KEYS = ("exit", "exit_code", "exitCode", "returncode", "return_code")
 
 
 def _usage(head: str, text: str) -> bool:

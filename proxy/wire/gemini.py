@@ -86,9 +86,10 @@ def _result(response: Any) -> tuple[str, bool]:
     error = response.get("error")
     if error:
         return error if isinstance(error, str) else arguments_text(error), True
-    output = response.get("output")
-    if isinstance(output, str) and len(response) == 1:
-        return output, False
+    if len(response) == 1:  # a text in a wrapper: `output`, or `result` as google-genai's automatic calling and ADK
+        (key, text), = response.items()  # send a function's return value
+        if key in ("output", "result") and isinstance(text, str):
+            return text, False
     return arguments_text(response), False
 
 

@@ -35,10 +35,15 @@ async def gemini_proxy(upstream, proxy_factory, monkeypatch):
     return await proxy_factory(upstream.url, gemini_upstream_url=upstream.root)
 
 
+def run_tests() -> str:
+    """Run the project's tests."""
+    return "FAILED tests/test_calc.py::test_add - assert 2 - 2 == 4\n1 failed in 0.02s"  # ADK wraps it in `result`
+
+
 async def run(root: str, question: str, streaming: bool, events: list | None = None) -> list:
     """The runner's events for one question (into `events`, kept when it raises)."""
     agent = LlmAgent(name="reader", model=Gemini(model="gemini-2.5-flash", base_url=root),
-                     instruction="Answer from the files.", tools=[read_file])
+                     instruction="Answer from the files.", tools=[read_file, run_tests])
     sessions = InMemorySessionService()
     runner = Runner(agent=agent, app_name="loopwarden-check", session_service=sessions)
     session = await sessions.create_session(app_name="loopwarden-check", user_id="u1")
@@ -90,3 +95,22 @@ async def test_adk_benign_run_ends_with_its_answer(upstream, gemini_proxy):
     assert final == ["all read"]
     assert len(upstream.gemini_requests) == 7
     assert all(warnings(r.json) == [] for r in upstream.gemini_requests)
+
+
+async def test_adk_rerunning_a_failing_test_between_reads_is_warned_by_the_third_failure(
+        upstream, proxy_factory, monkeypatch):
+    """The test's report comes back as `{"result": "FAILED …"}`: read as the report, its failure shows, and the
+    third identical failure is a `tool_error` loop with the default settings, reads between or not."""
+    monkeypatch.setenv("GOOGLE_API_KEY", "adk-key")
+    monkeypatch.setenv("GOOGLE_GENAI_USE_VERTEXAI", "FALSE")
+    proxy = await proxy_factory(upstream.url, gemini_upstream_url=upstream.root, preset="default")
+    steps = itertools.count()
+    upstream.responder = lambda body: Turn(tool_calls=[
+        ("run_tests", {}) if next(steps) % 2 == 0 else ("read_file", {"path": "calc.py"})])
+    with pytest.raises(errors.ClientError):
+        await run(proxy.root, "Make the tests pass.", streaming=False)
+    sent = upstream.gemini_requests
+    first = next(k for k, r in enumerate(sent) if warnings(r.json))
+    assert first == 5  # the answer to the third failing run (calls: run, read, run, read, run)
+    assert warnings(sent[first].json)[0].startswith("[loopwarden] Loop detected (1/2)")
+    assert "run_tests" in warnings(sent[first].json)[0] and "fail" in warnings(sent[first].json)[0]
