@@ -418,3 +418,28 @@ async def test_the_default_ladder_warns_after_the_third_and_fourth_identical_cal
         await agent.turn()
     assert caught.value.code == "loop_detected" and len(upstream.chat_requests) == 5
     await agent.close()
+
+
+async def test_the_same_question_turn_after_turn_is_warned_as_a_reply_loop_and_logged(upstream, proxy_factory):
+    from tests.test_log_api import api, wait_for
+
+    proxy = await proxy_factory(upstream.url, preset="default")
+    agent = Agent(proxy.url, headers={"X-Loopwarden-Session": "asking"})
+    question = "Which of the {} config files should I change first? Tell me before I go on, please."
+    for n in range(4):
+        upstream.script.append(Turn(content=question.format(n + 3)))
+        await agent.turn()
+        agent.say("continue")
+    upstream.script.append(Turn(content=question.format(7)))
+    await agent.turn()
+    (_, text), = warnings_in(upstream.chat_requests[4])
+    assert text.startswith("[loopwarden] Loop detected (1/2): you gave the same reply 3 times in a row")
+    assert agent.last_headers["x-loopwarden-warning"] == "1/2 reply"
+    await agent.close()
+
+    async def logged():
+        status, body = await api("GET", f"{proxy.root}/loopwarden/api/detections?type=reply")
+        return body["data"] if status == 200 and body["data"] else None
+
+    (row,) = await wait_for(logged)
+    assert (row["type"], row["action"], row["episode"], row["detail"]["repeats"]) == ("reply", "warned", 1, 3)

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from proxy.detect.engine import DetectConfig, Decision, ResponseWatcher, episodes
 from proxy.detect.judge_policy import JudgeCheck
-from proxy.detect.normalize import is_error_form
+from proxy.detect.normalize import excerpt, is_error_form
 from proxy.detect.texts import stop_text, warning_text
 from proxy.policy import parse as parse_policies
 from proxy.wire.chat import ChatDialect
@@ -713,3 +713,34 @@ def test_the_default_ladder_warns_at_the_third_and_fourth_identical_calls_and_st
     cycle = [step(name, {"path": "a.py"}, "same") for _ in range(3) for name in ("open", "search")]
     assert kinds(conversation(user("go"), *cycle[:5]), ladder) == []
     assert kinds(conversation(user("go"), *cycle), ladder) == [(1, "tool_cycle")]
+
+
+# The `reply` rule: the same reply turn after turn, whatever answered it.
+
+QUESTION = "Which of the {} config files should I change first? Tell me before I go on, please."
+
+
+def asked(times: int, nudge: str = "continue") -> list[dict]:
+    """The model asks the same question (its count changing), and the harness nudges it on each time."""
+    return [part for n in range(times) for part in (assistant(QUESTION.format(n + 3)), user(nudge))][:-1]
+
+
+def test_the_same_reply_turn_after_turn_is_a_reply_loop_numbers_aside():
+    # The person's prompt opens the task; the harness's first nudge opens another, which its repeats continue:
+    # the 2nd to 4th questions are 3 consecutive turns of that task.
+    assert kinds(conversation(user("tidy the config"), *asked(3)), DetectConfig()) == []
+    found = eps(conversation(user("tidy the config"), *asked(4)), DetectConfig())
+    assert [(e.number, e.type) for e in found] == [(1, "reply")]
+    assert found[0].detail == {"reply": excerpt(QUESTION.format(6), 200), "repeats": 3}
+    assert warning_text(found[0]).startswith("[loopwarden] Loop detected (1/2): you gave the same reply 3 times")
+    assert [(e.type, e.is_stop) for e in eps(conversation(user("tidy"), *asked(6)), DetectConfig())] == [
+        ("reply", False), ("reply", False), ("reply", True)]
+
+
+def test_replies_that_say_different_things_or_are_broken_by_an_action_are_no_loop():
+    different = [part for text in ("Reading the file.", "Fixing the bug.", "Running the tests.", "Done, all green.")
+                 for part in (assistant(text), user("continue"))]
+    assert kinds(conversation(user("go"), *different), DetectConfig()) == []
+    questions = asked(4)
+    broken = questions[:4] + [step("read_file", {"path": "a.toml"}, "x = 1")] + questions[4:]
+    assert kinds(conversation(user("go"), *broken), DetectConfig()) == []

@@ -20,7 +20,7 @@ from proxy.store.store import Store
 from proxy.store.writer import LogWriter, utcnow
 from tests.test_store import detection, migrated
 
-TYPES = ["tool_call", "tool_cycle", "tool_error", "content", "llm"]
+TYPES = list(queries.TYPES)
 
 
 def expected(rows: list, since=None, tenant=None) -> dict:

@@ -45,7 +45,7 @@ from proxy.conversation import (  # noqa: F401 (the prefixes are the engine's vo
 )
 from proxy.policy import Policies
 
-TYPES = ("tool_call", "tool_cycle", "tool_error", "content", "llm")
+TYPES = ("tool_call", "tool_cycle", "tool_error", "reply", "content", "llm")
 
 
 @dataclass(frozen=True)
@@ -151,11 +151,13 @@ class TaskState:
     # answer the assistant again, it was the harness all along, and the two are one task.
     before: "tuple[TaskState, int, bytes] | None" = None
     borrowers: int = 0  # response watchers that will read this state as it is, should they need it (copied then)
+    reply: bytes | None = None  # the form of the last turn's reply, when it was a reply without an action
+    replies: int = 0  # consecutive turns that gave it
 
     def clone(self) -> "TaskState":
         return TaskState(self.start, self.key, self.tools.clone(), self.content.clone(), self.turns,
                          self.anchored, list(self.findings), list(self.turn_places), set(self.harness),
-                         self.before)
+                         self.before, 0, self.reply, self.replies)
 
     def anchor(self, first_turn: Message) -> None:
         """Name this run of the task by its first assistant turn's first call id: a rerun of the same
@@ -263,6 +265,11 @@ _NUMBERS = re.compile(r"\d+")
 # A reply this long (masked) is compared numbers aside: a harness's template with a count in it. A person's
 # short question about folder 2, then folder 3, stays two questions.
 _NUMBERS_ASIDE_FROM = 80
+
+
+def reply_form(text: str) -> str:
+    """An assistant's reply as its repeats are compared: masked, numbers aside, case folded."""
+    return _NUMBERS.sub("\x00", mask(text)).lower()
 
 
 def harness_form(text: str) -> str:
@@ -403,6 +410,21 @@ class Turn:
         self._text_ended = False
         self._chant_told = False  # the chant went into a step's finding already
         self._last_step = step  # the step the turn's end belongs to
+        self.replied: dict | None = None  # the `reply` rule's detail, when this turn repeats the replies before it
+
+    def reply(self, text: str | None) -> None:
+        """The turn's reply when it took no action (None: it acted, or said nothing of its own): the same reply
+        in consecutive turns is a loop, numbers aside, at the tool threshold (SPEC §5, `reply`)."""
+        state = self.state
+        form = reply_form(text) if text else ""
+        if not form:
+            state.reply, state.replies = None, 0
+            return
+        key = digest(form)
+        state.replies = state.replies + 1 if key == state.reply else 1
+        state.reply = key
+        if state.replies >= self.config.tool_threshold(self.turn):
+            self.replied = {"reply": excerpt(text, 200), "repeats": state.replies}
 
     def text(self, piece: str, channel: str | None = None) -> bool:
         """Feed text (`channel` REASONING for the model's reasoning: the turn's reasoning and its answer are one
@@ -464,6 +486,9 @@ class Turn:
         """What the step ending here tripped, as a finding; the turn's trips are spent."""
         trips = [(kind, _tool_detail(self.tool_found[kind])) for kind in TYPES if kind in self.tool_found]
         self.tool_found = {}
+        if self.replied is not None:
+            trips.append(("reply", self.replied))
+            self.replied = None
         if self.chant is not None and not self._chant_told:
             trips.append(("content", self.chant_detail()))
             self._chant_told = True
@@ -534,6 +559,8 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
             else:
                 calls, after = _text_steps(state, messages, j, text)
             turn = Turn(config, state, j)
+            # A reply that took no action: none written, or only one the harness rejected
+            turn.reply(text if not message.calls and not was_cut and all(c.error for c in calls) else None)
             if text:
                 turn.text(text)
             if was_cut:
@@ -851,6 +878,8 @@ class ResponseWatcher:
             [text_call(action, None) for action in read_actions(model_text(message)[0]) or ()]
         if not calls and self._turn.end_text():
             return self._content_episode()
+        text, was_cut = model_text(message)
+        self._turn.reply(text if not calls and not was_cut else None)
         place = self._turn.message_index + 1
         found = self._turn.tool_calls(calls, place)
         last = self._turn.finish(place)

@@ -25,6 +25,8 @@ def describe(episode: Episode) -> str:
     if episode.type == "tool_error":
         return (f"`{d['tool']}` with {d['arguments']} failed {d['repeats']} times with the same error: "
                 f"{d['error']}")
+    if episode.type == "reply":
+        return f"you gave the same reply {d['repeats']} times in a row: \"{d['reply']}\""
     if episode.type == "content":
         where = "reasoning" if d.get("channel") == "reasoning" else "reply"
         repeated = d["repeated"].strip()
@@ -46,6 +48,8 @@ _ADVICE = {
                   "or take a different approach.",
     "tool_error": "Retrying will fail the same way. Read the error, fix its cause or change "
                   "what you do, or take a different approach.",
+    "reply": "Saying it again will not move the task on. Answer what was asked, take an action the task needs, "
+             "or finish with your result.",
     "content": "Stop repeating it. Continue with new content, or finish your answer.",
     "llm": "Step back, summarise what you have learned, and take a different approach.",
 }

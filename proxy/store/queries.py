@@ -11,13 +11,12 @@ from typing import Any
 from sqlalchemy import and_, func, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from proxy.detect.engine import Episode
+from proxy.detect.engine import TYPES, Episode
 from proxy.detect.texts import cut_notice, stop_text, warning_text
 from proxy.store import clean, rollup
 from proxy.store.models import (CountBucket, Detection, JudgeCheckRow, OutcomeBucket, SessionCount, SessionRow,
                                 TaskOutcome)
 
-TYPES = ("tool_call", "tool_cycle", "tool_error", "content", "llm")
 ACTIONS = ("warned", "stopped", "cut")
 _RELATIVE = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}

@@ -2,7 +2,7 @@
 // arguments, results, repeated text, session ids, judge reasoning) is set as text, never as markup.
 "use strict";
 
-const TYPES = ["tool_call", "tool_cycle", "tool_error", "content", "llm"];
+const TYPES = ["tool_call", "tool_cycle", "tool_error", "reply", "content", "llm"];
 const REFRESH_MS = 10000;
 const $ = (id) => document.getElementById(id);
 let view = "overview";
