@@ -39,6 +39,11 @@ else:
 class OptionalBuildExt(build_ext):
     """Build the extensions when a compiler is at hand; say so on stderr and go on when not."""
 
+    def finalize_options(self):
+        super().finalize_options()
+        if not self.parallel:  # one compiler per core: the modules are independent
+            self.parallel = os.cpu_count() or 1
+
     def run(self):
         try:
             super().run()
