@@ -14,7 +14,7 @@ OPENCODE := opencode-ai@1.18.33
 QWEN_CODE := @qwen-code/qwen-code@0.24.4
 CODEX := @openai/codex@0.169.0
 
-.PHONY: serve test bench migrate clean agents-check chromium
+.PHONY: serve test bench migrate clean agents-check chromium tinyproxy
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,7 +47,7 @@ migrate: $(SERVE_STAMP)
 	$(BIN)/loopwarden migrate
 
 # The main suite, then the real-agent checks (below) in their own environment.
-test: $(STAMP) $(AGENTS_STAMP) chromium
+test: $(STAMP) $(AGENTS_STAMP) chromium tinyproxy
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory agents-check
 
@@ -59,6 +59,17 @@ chromium:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 		else \
 			echo "chromium is missing and cannot be installed here (it needs root and apt-get): the page tests will not run"; \
+		fi; }
+
+# The forward-proxy tests go through Debian's tinyproxy, a real egress proxy: installed when missing.
+tinyproxy:
+	@command -v tinyproxy >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing Debian's tinyproxy for the forward-proxy tests"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tinyproxy >/dev/null; \
+		else \
+			echo "tinyproxy is missing and cannot be installed here (it needs root and apt-get): the forward-proxy" \
+				"tests will not run"; \
 		fi; }
 
 # smolagents, LlamaIndex, DSPy, pydantic-ai, Google's ADK, the OpenAI Agents SDK, and Claude Code, Gemini CLI, the

@@ -193,6 +193,7 @@ def _serve(settings: Settings, *, migrate: bool) -> int:
     from proxy import compiled
     from proxy.server.app import CLIENT_IDLE_TIMEOUT, create_app
     from proxy.loops import loop_name, new_event_loop
+    from proxy.server.http1 import Proxies
 
     if migrate:
         from proxy.store.database import run_migrations
@@ -206,11 +207,14 @@ def _serve(settings: Settings, *, migrate: bool) -> int:
     for warning in upstream_url_warnings(settings):
         log.warning("%s", warning)
 
+    proxies = Proxies.from_environment().shown()
+
     def listening(_: str) -> None:  # called once the port is bound
-        log.info("loopwarden listening on http://%s:%s, upstreams %s (OpenAI), %s (Anthropic), %s (Gemini), "
+        log.info("loopwarden listening on http://%s:%s, upstreams %s (OpenAI), %s (Anthropic), %s (Gemini)%s, "
                  "database %s, on %s, request path %s", settings.host, settings.port, shown_url(settings.upstream_url),
                  shown_url(settings.anthropic_upstream_url), shown_url(settings.gemini_upstream_url),
-                 describe(settings.database_url), loop_name(settings.event_loop), compiled.describe())
+                 f", forward proxy: {proxies}" if proxies else "", describe(settings.database_url),
+                 loop_name(settings.event_loop), compiled.describe())
 
     try:
         web.run_app(app, host=settings.host, port=settings.port, shutdown_timeout=settings.shutdown_grace,

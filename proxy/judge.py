@@ -207,7 +207,7 @@ class Judge:
     async def _ask_gemini(self, key: str, model: str, shown: str) -> Answer:
         """The Gemini API's generateContent, asked for a JSON answer."""
         if self._gemini_http is None:
-            self._gemini_http = aiohttp.ClientSession(headers={JUDGE_HEADER: JUDGE_TOKEN})
+            self._gemini_http = aiohttp.ClientSession(headers={JUDGE_HEADER: JUDGE_TOKEN}, trust_env=True)
         root = str(self.gemini_url).rstrip("/").removesuffix("/v1beta").removesuffix("/v1")
         body = {"systemInstruction": {"parts": [{"text": SYSTEM_PROMPT}]},
                 "contents": [{"role": "user", "parts": [{"text": shown}]}],

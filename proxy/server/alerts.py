@@ -70,7 +70,8 @@ class Alerts:
             self._count("dropped")
 
     async def start(self) -> None:
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
+        # trust_env: through the environment's forward proxy (HTTPS_PROXY, NO_PROXY), as the upstream's requests go
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT), trust_env=True)
         self._sender = asyncio.get_running_loop().create_task(self._send_all())
 
     async def close(self, grace: float) -> None:

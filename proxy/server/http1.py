@@ -4,15 +4,18 @@ A request costs a quarter of what aiohttp's client spends on it (BENCHMARKS, "Th
 was the largest single cost of a forwarded request. It does only what forwarding needs: one request per
 connection at a time, the request's body whole or streamed, the answer's body as it comes with back
 pressure, a connect timeout and a read timeout (the longest the upstream may stay silent), TLS with the
-system's trusted certificates. No redirects, cookies, proxies or decompression: the proxy relays those as
-they are.
+system's trusted certificates, through the environment's forward proxy (`HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY`,
+as curl and the SDKs read them). No redirects, cookies or decompression: the proxy relays those as they are.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import socket
 import ssl
-from typing import AsyncIterator, Callable
+import urllib.request
+from typing import AsyncIterator, Callable, Mapping
 
 import httptools
 from multidict import CIMultiDict
@@ -359,9 +362,14 @@ class _Pool:
         self.idle = []
 
 
-def _head(method: str, url: URL, headers: list[tuple[bytes, bytes]], length: int | None, chunked: bool) -> bytes:
-    """The request line and headers, the headers' bytes as the client sent them."""
-    lines = [f"{method} {url.raw_path_qs} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n".encode()]
+def _head(method: str, url: URL, headers: list[tuple[bytes, bytes]], length: int | None, chunked: bool,
+          via: "ForwardProxy | None" = None) -> bytes:
+    """The request line and headers, the headers' bytes as the client sent them. Through a forward proxy, a plain
+    HTTP request names its whole URL (RFC 9112 3.2.2), with the proxy's credentials."""
+    target = url.raw_path_qs if via is None else f"http://{url.host_port_subcomponent}{url.raw_path_qs}"
+    lines = [f"{method} {target} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n".encode()]
+    if via is not None and via.authorization:
+        lines.append(b"Proxy-Authorization: " + via.authorization + b"\r\n")
     for name, value in headers:
         if b"\n" in value or b"\r" in value:
             raise ValueError(f"header {name.decode('latin-1')} has a line break in its value")
@@ -386,6 +394,35 @@ async def _send_chunks(connection: _Connection, body: AsyncIterator[bytes], chun
         write(b"0\r\n\r\n")
 
 
+async def _tunnel(loop: asyncio.AbstractEventLoop, via: ForwardProxy, host: str, port: int) -> socket.socket:
+    """A socket to `host:port` through the proxy's CONNECT (RFC 9110 9.3.6); a refusal is an OSError that says
+    the proxy's answer."""
+    infos = await loop.getaddrinfo(via.host.strip("[]"), via.port, type=socket.SOCK_STREAM)
+    family, kind, protocol, _, address = infos[0]
+    sock = socket.socket(family, kind, protocol)
+    sock.setblocking(False)
+    try:
+        await loop.sock_connect(sock, address)
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        request = f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n".encode()
+        if via.authorization:
+            request += b"Proxy-Authorization: " + via.authorization + b"\r\n"
+        await loop.sock_sendall(sock, request + b"\r\n")
+        answer = b""
+        while b"\r\n\r\n" not in answer:  # the proxy's head only: nothing follows it before the tunnel is used
+            data = await loop.sock_recv(sock, 4096)
+            if not data or len(answer) > MAX_FIELD:
+                raise OSError(f"the forward proxy {via.shown()} closed the tunnel before answering")
+            answer += data
+        status_line = answer.split(b"\r\n", 1)[0].decode("latin-1")
+        if status_line.split(" ")[1:2] != ["200"]:
+            raise OSError(f"the forward proxy {via.shown()} refused the tunnel to {authority}: {status_line[:200]}")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def _settle(sending: asyncio.Task, response: UpstreamResponse) -> None:
     """The body's sending once the answer's head is in (or the request failed): stopped if it still runs; a
     body that could not be sent whole leaves the connection unfit for another request."""
@@ -395,13 +432,61 @@ def _settle(sending: asyncio.Task, response: UpstreamResponse) -> None:
         response.keep_alive = False
 
 
+class ForwardProxy:
+    """An HTTP forward proxy the environment names: its address, and its credentials as a header."""
+
+    __slots__ = ("url", "host", "port", "authorization")
+
+    def __init__(self, url: str) -> None:
+        parsed = URL(url if "://" in url else f"http://{url}")
+        if parsed.scheme != "http":
+            raise ValueError(f"only an http:// forward proxy is supported, got {parsed.scheme}://")
+        self.url = parsed
+        self.host = parsed.raw_host or ""
+        self.port = parsed.port or 80
+        self.authorization = b"Basic " + base64.b64encode(f"{parsed.user or ''}:{parsed.password or ''}".encode()) \
+            if parsed.user is not None else None
+
+    def shown(self) -> str:
+        """Its URL as a log line may show it: the password masked."""
+        return str(self.url.with_password("***") if self.url.password else self.url)
+
+
+class Proxies:
+    """Which forward proxy a request goes through: `https` for https upstreams, `http` for http ones, none for a
+    host `no` names (a name, a domain suffix, an address, `*`), as urllib reads the environment's `HTTPS_PROXY`,
+    `HTTP_PROXY` and `NO_PROXY` (either case)."""
+
+    def __init__(self, found: Mapping[str, str]) -> None:
+        self._no_proxy = found.get("no", "")
+        self.by_scheme = {scheme: ForwardProxy(url) for scheme, url in found.items()
+                          if scheme in ("http", "https") and url}
+
+    @classmethod
+    def from_environment(cls) -> "Proxies":
+        return cls(urllib.request.getproxies_environment())
+
+    def for_url(self, url: URL) -> ForwardProxy | None:
+        via = self.by_scheme.get(url.scheme)
+        if via is None or (self._no_proxy and urllib.request.proxy_bypass_environment(
+                url.host or "", {"no": self._no_proxy})):
+            return None
+        return via
+
+    def shown(self) -> str:
+        """The proxies in use, for the start line (passwords masked); "" when none."""
+        return ", ".join(f"{scheme} via {via.shown()}" for scheme, via in sorted(self.by_scheme.items()))
+
+
 class UpstreamClient:
     """Requests to any number of upstreams, each over its own pool of keep-alive connections."""
 
-    def __init__(self, connect_timeout: float, read_timeout: float, keepalive: float = 30.0) -> None:
+    def __init__(self, connect_timeout: float, read_timeout: float, keepalive: float = 30.0,
+                 proxies: Proxies | None = None) -> None:
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
         self._keepalive = keepalive
+        self.proxies = proxies if proxies is not None else Proxies({})
         self._pools: dict[tuple[str, str, int], _Pool] = {}
         self._ssl: ssl.SSLContext | None = None
         self._sweeper: asyncio.TimerHandle | None = None
@@ -422,12 +507,13 @@ class UpstreamClient:
         elif isinstance(body, bytes):
             length = len(body)
         chunked = length is None and body is not None
-        head = _head(method, url, headers, length, chunked)
+        via = self.proxies.for_url(url)
+        head = _head(method, url, headers, length, chunked, via if url.scheme == "http" else None)
         key = (url.scheme, url.raw_host or "", url.port or 0)
         pool = self._pools.get(key)
         if pool is None:
             pool = self._pools[key] = _Pool(loop, self._keepalive)
-        connection = pool.take() or await self._connect(loop, url)
+        connection = pool.take() or await self._connect(loop, url, via)
         response = UpstreamResponse(connection, pool)
         sending: asyncio.Task | None = None
         try:
@@ -456,16 +542,24 @@ class UpstreamClient:
                 _settle(sending, response)
         return response
 
-    async def _connect(self, loop: asyncio.AbstractEventLoop, url: URL) -> _Connection:
+    async def _connect(self, loop: asyncio.AbstractEventLoop, url: URL, via: ForwardProxy | None) -> _Connection:
         secure = url.scheme == "https"
         if secure and self._ssl is None:
             self._ssl = ssl.create_default_context()
-        host = url.raw_host or ""
+        host = (url.raw_host or "").strip("[]")
+        make = lambda: _Connection(loop, self._read_timeout)  # noqa: E731
         try:
             async with asyncio.timeout(self._connect_timeout):
-                _, connection = await loop.create_connection(
-                    lambda: _Connection(loop, self._read_timeout), host.strip("[]"), url.port,
-                    ssl=self._ssl if secure else None, server_hostname=url.host if secure else None)
+                if via is None:
+                    _, connection = await loop.create_connection(
+                        make, host, url.port, ssl=self._ssl if secure else None,
+                        server_hostname=url.host if secure else None)
+                elif not secure:  # the proxy forwards each request, named by its whole URL
+                    _, connection = await loop.create_connection(make, via.host.strip("[]"), via.port)
+                else:  # a tunnel through the proxy, then TLS with the upstream inside it
+                    tunnel = await _tunnel(loop, via, host, url.port or 443)
+                    _, connection = await loop.create_connection(make, sock=tunnel, ssl=self._ssl,
+                                                                 server_hostname=url.host)
         except TimeoutError:  # an OSError too, but a timeout (504), not a refusal
             raise
         except OSError as exc:  # refused, unreachable, not resolved, or a certificate not trusted

@@ -13,7 +13,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.config import Settings, shown_url
-from proxy.server.http1 import ConnectFailed, UpstreamClient, UpstreamError, UpstreamResponse
+from proxy.server.http1 import ConnectFailed, Proxies, UpstreamClient, UpstreamError, UpstreamResponse
 from proxy.wire.dialect import Dialect
 from proxy.wire.errors import error_body
 
@@ -88,7 +88,8 @@ def climbs(raw_path: str) -> bool:
 
 
 def make_upstream_client(settings: Settings) -> UpstreamClient:
-    return UpstreamClient(settings.upstream_connect_timeout, settings.upstream_read_timeout)
+    return UpstreamClient(settings.upstream_connect_timeout, settings.upstream_read_timeout,
+                          proxies=Proxies.from_environment())
 
 
 async def send_upstream(client: UpstreamClient, method: str, url: URL, headers: list[tuple[bytes, bytes]],

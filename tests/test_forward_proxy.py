@@ -1,0 +1,183 @@
+"""Behind a corporate egress proxy: the upstream, the judge and the webhook are reached through the forward proxy
+the environment names (`HTTP_PROXY`, `HTTPS_PROXY`, `NO_PROXY`), as curl and the SDKs reach them. The forward
+proxy is a real one, Debian's tinyproxy, started by the test."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import ssl
+import subprocess
+from pathlib import Path
+
+import aiohttp
+import pytest
+import trustme
+
+from proxy.server.http1 import Proxies
+from tests.conftest import RunningProxy
+from tests.convo import conversation, step, user
+from tests.fake_upstream import FakeUpstream, Turn
+from tests.test_alerts import Receiver
+from tests.test_log_api import _free_port
+
+REQUIRE = os.environ.get("LOOPWARDEN_REQUIRE_FORWARD_PROXY") == "1"
+TINYPROXY = shutil.which("tinyproxy")
+CHAT = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}
+
+
+class Tinyproxy:
+    """tinyproxy on a free port, logging each request it forwards to a file the test reads."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = _free_port()
+        self.log = directory / "tinyproxy.log"
+        self.config = directory / "tinyproxy.conf"
+        self.config.write_text(f"Port {self.port}\nListen 127.0.0.1\nTimeout 30\nMaxClients 50\nLogLevel Info\n"
+                               f"LogFile \"{self.log}\"\nPidFile \"{directory / 'tinyproxy.pid'}\"\n")
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> "Tinyproxy":
+        self.process = subprocess.Popen([TINYPROXY, "-d", "-c", str(self.config)], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        for _ in range(100):
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.close()
+                return self
+            except OSError:
+                await asyncio.sleep(0.05)
+        raise AssertionError("tinyproxy did not start")
+
+    def seen(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+@pytest.fixture
+async def forward_proxy(tmp_path):
+    if TINYPROXY is None:
+        message = "tinyproxy is not installed (make test installs it with apt-get where it can)"
+        if REQUIRE:
+            pytest.fail(message)
+        pytest.skip(message)
+    running = await Tinyproxy(tmp_path).start()
+    yield running
+    running.stop()
+
+
+def through(monkeypatch, forward_proxy: Tinyproxy, no_proxy: str = "") -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy",
+                 "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", forward_proxy.url)
+    monkeypatch.setenv("HTTPS_PROXY", forward_proxy.url)
+    if no_proxy:
+        monkeypatch.setenv("NO_PROXY", no_proxy)
+
+
+async def post(proxy: RunningProxy, body: dict) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as http:  # straight to loopwarden (aiohttp reads no proxy by default)
+        async with http.post(f"{proxy.url}/chat/completions", json=body) as answer:
+            return answer.status, await answer.json()
+
+
+async def test_an_http_upstream_is_reached_through_http_proxy(monkeypatch, forward_proxy, upstream, proxy_factory):
+    through(monkeypatch, forward_proxy)
+    proxy = await proxy_factory(upstream.url)
+    upstream.script += [Turn(content="via the proxy"), Turn(content="again")]
+    for expected in ("via the proxy", "again"):
+        status, body = await post(proxy, CHAT)
+        assert status == 200 and body["choices"][0]["message"]["content"] == expected
+    assert all("tinyproxy" in request.headers.get("Via", "") for request in upstream.requests)
+    assert f"127.0.0.1:{upstream.port}" in forward_proxy.seen()
+
+
+async def test_a_host_no_proxy_names_is_reached_directly(monkeypatch, forward_proxy, upstream, proxy_factory):
+    through(monkeypatch, forward_proxy, no_proxy="localhost,127.0.0.1")
+    proxy = await proxy_factory(upstream.url)
+    upstream.script.append(Turn(content="direct"))
+    status, _ = await post(proxy, CHAT)
+    assert status == 200 and "Via" not in upstream.requests[0].headers
+    assert f":{upstream.port}" not in forward_proxy.seen()
+
+
+async def test_an_https_upstream_is_reached_through_a_connect_tunnel(monkeypatch, forward_proxy, proxy_factory,
+                                                                    tmp_path):
+    authority = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("localhost").configure_cert(context)
+    bundle = tmp_path / "ca.pem"
+    authority.cert_pem.write_to_path(str(bundle))
+    monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
+    through(monkeypatch, forward_proxy)
+    tls_upstream = await FakeUpstream().start(ssl_context=context)
+    try:
+        proxy = await proxy_factory(f"https://localhost:{tls_upstream.port}/v1")
+        tls_upstream.script += [Turn(content="tunnelled"), Turn(content="tunnelled again")]
+        for expected in ("tunnelled", "tunnelled again"):
+            status, body = await post(proxy, CHAT)
+            assert status == 200 and body["choices"][0]["message"]["content"] == expected
+        assert f"CONNECT localhost:{tls_upstream.port}" in forward_proxy.seen()
+    finally:
+        await tls_upstream.close()
+
+
+async def test_a_proxy_that_refuses_the_tunnel_is_a_502_that_says_so(monkeypatch, forward_proxy, proxy_factory):
+    through(monkeypatch, forward_proxy)
+    closed = _free_port()  # nothing listens there: tinyproxy answers the CONNECT with an error
+    proxy = await proxy_factory(f"https://localhost:{closed}/v1", upstream_connect_timeout=5)
+    status, body = await post(proxy, CHAT)
+    assert status == 502 and "forward proxy" in body["error"]["message"]
+    assert "refused the tunnel" in body["error"]["message"] or "closed the tunnel" in body["error"]["message"]
+
+
+async def test_the_webhook_goes_through_the_proxy_too(monkeypatch, forward_proxy, upstream, proxy_factory):
+    receiver = Receiver()
+    url = await receiver.start()
+    try:
+        through(monkeypatch, forward_proxy)
+        proxy = await proxy_factory(upstream.url, webhook_url=url, preset="default")
+        looping = conversation(user("read it"), *[step("read_file", {"path": "a.py"}, "x = 1") for _ in range(5)])
+        status, body = await post(proxy, {"model": "gpt-test", "messages": looping})
+        assert status == 400 and body["error"]["code"] == "loop_detected"
+        (alert,) = await receiver.until(1)
+        assert alert["action"] == "stopped"
+        assert "/hook" in forward_proxy.seen()
+    finally:
+        await receiver.runner.cleanup()
+
+
+def test_proxies_are_read_as_curl_reads_them():
+    proxies = Proxies({"https": "http://user:secret@egress.example:3128", "http": "http://egress.example:3128",
+                       "no": "localhost,.internal.example,10.1.2.3"})
+    from yarl import URL
+
+    assert proxies.for_url(URL("https://api.openai.com/v1")).host == "egress.example"
+    assert proxies.for_url(URL("https://api.openai.com/v1")).authorization.startswith(b"Basic ")
+    assert proxies.for_url(URL("http://vllm:8000/v1")).port == 3128
+    for bypassed in ("http://localhost:11434/v1", "https://llm.internal.example/v1", "http://10.1.2.3/v1"):
+        assert proxies.for_url(URL(bypassed)) is None
+    assert "secret" not in proxies.shown() and "user:***@egress.example" in proxies.shown()
+    assert Proxies({}).for_url(URL("https://api.openai.com/v1")) is None
+
+
+async def test_the_judge_goes_through_the_proxy_too(monkeypatch, forward_proxy, upstream, proxy_factory):
+    from tests.test_judge import history, judged, verdict
+
+    through(monkeypatch, forward_proxy)
+    proxy = await proxy_factory(upstream.url)
+    upstream.judge = lambda body: verdict(0.2)
+    upstream.script.append(Turn(content="working"))
+    status, _ = await post(proxy, {"model": "agent-model", "messages": history(30)})
+    assert status == 200 and await judged(upstream, 1)
+    (judge,) = [r for r in upstream.requests if "X-Loopwarden-Judge" in r.headers]
+    assert "tinyproxy" in judge.headers.get("Via", "")
