@@ -58,6 +58,7 @@ def test_make_serve_on_a_fresh_clone_is_ready_soon_and_never_silent_for_long(tmp
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
         reader.join(timeout=10)
+        process.stdout.close()
     stamps = [0.0] + [at for at, _ in lines] + [ready]
     silence = max(later - earlier for earlier, later in zip(stamps, stamps[1:]))
     told = [text for _, text in lines]

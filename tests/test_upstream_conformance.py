@@ -299,6 +299,10 @@ async def test_a_head_past_the_limits_is_a_502_that_says_why(proxy_factory):
 
 
 async def test_an_early_413_reaches_the_client_through_the_proxy(proxy_factory):
+    if "uvloop" not in type(asyncio.get_running_loop()).__module__:
+        # asyncio's own transport drops what it had not read yet when a write fails (the upstream closed while
+        # the rest of the body was going out), so there the 413 is a 502; uvloop, the proxy's loop, reads it first.
+        pytest.skip("on the standard loop an early answer followed by a close can be lost to the write error")
     async with RawUpstream(early_answer(close=True)) as upstream:
         proxy = await proxy_factory(str(upstream.url.with_path("/v1")))
         status, body = await _post(proxy, "/v1/files", b"x" * 4_000_000)
