@@ -74,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
     session.add_argument("session_id")
     session.add_argument("--format", choices=("table", "json"), default="table")
 
+    resume = commands.add_parser("resume", help="let a stopped session go on (as its stop's link does)")
+    _settings_flags(resume, server=False)
+    resume.add_argument("session_id")
+    resume.add_argument("--tenant", help="the tenant (the key's hash) when several share the session id")
+
     config = commands.add_parser("config", help="the settings and policies in force, and where each came from")
     _settings_flags(config, server=True)
 

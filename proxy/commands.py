@@ -153,7 +153,9 @@ async def _session(engine, args, since) -> str:
         if session["agent"] or session["title"]:
             out.append(f"  {session['agent'] or 'unknown agent'}: {session['title'] or '(no prompt)'}")
         for entry in session["timeline"]:
-            if entry["kind"] == "detection":
+            if entry["kind"] == "resume":
+                out.append(f"  {_local(entry['at'])}  resumed by a person: the stop and warnings forgiven")
+            elif entry["kind"] == "detection":
                 out.append(f"  {_local(entry['at'])}  {entry['action']:<7} {entry['type']:<10} "
                            f"{_episode(entry):<4} turn {entry['turn']}: {_summary(entry)}")
             else:
@@ -164,7 +166,16 @@ async def _session(engine, args, since) -> str:
     return "\n".join(out)
 
 
-_COMMANDS = {"detections": _detections, "stats": _stats, "sessions": _sessions, "session": _session}
+async def _resume(engine, args, since) -> str:
+    resumed = await queries.resume_session(engine, args.session_id, args.tenant)
+    if not resumed:
+        raise UsageProblem(f"no session {args.session_id!r}" + (f" of tenant {args.tenant}" if args.tenant else ""))
+    return "\n".join(f"session {row['session_id']} (tenant {row['tenant']}) resumed: what it sent so far is "
+                     f"forgiven, its next request goes through" for row in resumed)
+
+
+_COMMANDS = {"detections": _detections, "stats": _stats, "sessions": _sessions, "session": _session,
+             "resume": _resume}
 
 
 def _json(value) -> str:

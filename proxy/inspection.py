@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
+import secrets
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -178,6 +179,7 @@ class Incoming:
     chain: Chain | None = None  # what a request continuing a conversation the service keeps continues
     path: str = ""  # the request's path, as sent (some dialects name the model there)
     query: Mapping[str, str] | None = None  # its query (the Gemini API may carry the key there)
+    origin: str = ""  # the proxy's address as the client reached it (a resume link's, without PUBLIC_URL)
 
 
 @dataclass
@@ -199,6 +201,9 @@ class Stop:
     body: bytes
     headers: dict[str, str]
     status: int = 400
+    # A resume link first named by this stop, to be kept before the answer goes out: (token, tenant, session,
+    # task). A later stop of the same task names the same link.
+    new_link: tuple[str, str, str, str] | None = None
 
 
 class Forward:
@@ -240,7 +245,8 @@ class Inspector:
     """Per-process inspection state: what is remembered per session and the settings resolved per model."""
 
     def __init__(self, settings: Settings, facts: Facts | None, sink: EpisodeSink, judging: bool = False,
-                 keep: Callable[..., None] | None = None, is_judge: Callable[[Mapping[str, str]], bool] = None) -> None:
+                 keep: Callable[..., None] | None = None, is_judge: Callable[[Mapping[str, str]], bool] = None,
+                 resume_links: bool = False) -> None:
         self.settings = settings
         self.config = DetectConfig.from_settings(settings)
         self.facts = facts
@@ -253,6 +259,8 @@ class Inspector:
         # (tenant, first two message fingerprints) -> (fingerprints of the messages the id was read from, the id)
         self._openings: LRU = LRU(CACHED_SESSIONS)
         self._per_model: LRU = LRU(MODEL_POLICIES)
+        self.resume_links = resume_links  # a stop names a link a person may open to let the session go on
+        self._links: LRU = LRU(CACHED_SESSIONS)  # (tenant, session, task) -> the token of its stop's link
 
     def remember_unseen(self, key: tuple[str, str], chant: UnseenChant) -> None:
         """A chant in a whole answer's reasoning: the session's next request is warned of it."""
@@ -338,8 +346,10 @@ class Inspector:
             # A stop saves at least the request it refused (or, observed, would have refused).
             self.sink.episode(context, stop, "stopped", None, len(raw) // 4)
             if not observe:
-                return Stop(stop, dialect.error_body(stop_text(stop), "loop_detected", "loop_detected"),
-                            {**answer_headers, "X-Loopwarden-Loop": stop.type, "x-should-retry": "false"})
+                link, new_link = self._resume_link(tenant, session_id, state.key, incoming.origin)
+                return Stop(stop, dialect.error_body(stop_text(stop, link), "loop_detected", "loop_detected"),
+                            {**answer_headers, "X-Loopwarden-Loop": stop.type, "x-should-retry": "false"},
+                            new_link=new_link)
 
         body = raw
         warnings = decision.warnings
@@ -396,6 +406,21 @@ class Inspector:
                        read_reasoning=dialect.reasoning)
 
         return Forward(body, answer_headers, tap, judge)
+
+    def _resume_link(self, tenant: str, session_id: str, task: str, origin: str
+                     ) -> tuple[str | None, tuple[str, str, str, str] | None]:
+        """The stopped task's resume link, and, when this stop names it first, what to keep of it."""
+        if not self.resume_links:
+            return None, None
+        key = (tenant, session_id, task)
+        token = self._links.get(key)
+        new_link = None
+        if token is None:
+            token = secrets.token_urlsafe(24)
+            self._links.put(key, token)
+            new_link = (token, tenant, session_id, task)
+        base = (self.settings.public_url or origin).rstrip("/")
+        return f"{base}/loopwarden/resume/{token}", new_link
 
     def _settings_for(self, model: str | None) -> tuple[Settings, DetectConfig]:
         """The settings and detection config in force for a model (its policy over the settings)."""

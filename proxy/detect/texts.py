@@ -61,10 +61,12 @@ def warning_text(episode: Episode) -> str:
             f"{_ADVICE[episode.type]}{last}")
 
 
-def stop_text(episode: Episode) -> str:
+def stop_text(episode: Episode, resume_link: str | None = None) -> str:
+    """The stop's message, for the person running the agent: with the link that lets the session go on."""
     warned = f"after {episode.limit} warning{'s' if episode.limit != 1 else ''}" if episode.limit else "at once"
+    resume = f" To let it go on as it was, open {resume_link}" if resume_link else ""
     return (f"{INJECTED_PREFIX}Loop detected ({episode.type}): {describe(episode)}. The task was stopped "
-            f"{warned}; the request was not sent upstream. Send a new user message to start a new task.")
+            f"{warned}; the request was not sent upstream. Send a new user message to start a new task.{resume}")
 
 
 def cut_notice(episode: Episode) -> str:

@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from proxy.config import Settings
-from proxy.server import admin
+from proxy.server import admin, resume
 from proxy.server import guard as guard_module
 from proxy.server.http1 import UpstreamClient, UpstreamResponse
 from proxy.server.metrics import Metrics
@@ -169,10 +169,13 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
         chain = await chain
     try:
         verdict = guard.inspector.inspect(Incoming(request.headers, raw, payload, dialect, chain,
-                                                   request.rel_url.raw_path, request.rel_url.query), span)
+                                                   request.rel_url.raw_path, request.rel_url.query,
+                                                   f"{request.scheme}://{request.host}"), span)
     except RequestError as exc:
         return _refused(dialect, str(exc), "invalid_value")
     if isinstance(verdict, Stop):
+        if verdict.new_link is not None:  # kept before the answer names it (stops are rare: awaited)
+            await guard.keep_resume_link(*verdict.new_link)
         if span is not None:
             Telemetry.answered(span, verdict.headers, None, verdict.status)
         return web.Response(status=verdict.status, body=verdict.body, content_type="application/json",
@@ -580,6 +583,7 @@ def create_app(settings: Settings) -> web.Application:
                           for route in [web.get("/healthz", healthz), web.get("/readyz", readyz),
                                         web.get("/", healthz),  # clients probe the base URL (Claude Code: HEAD /)
                                         web.get("/metrics", metrics_page), *admin.routes(guard, settings.admin_token),
+                                        *(resume.routes(guard) if guard.store is not None else ()),
                                         *(web.post(path, inspected(dialect)) for path, dialect in ROUTES.items()),
                                         *(web.route("*", f"/v1beta/{models}/{{target}}", gemini)
                                           for models in GEMINI_MODELS),

@@ -200,3 +200,19 @@ class OutcomeBucket(Base):
     recovered_tasks: Mapped[int] = mapped_column(BigInteger(), default=0)
     stopped_tasks: Mapped[int] = mapped_column(BigInteger(), default=0)
     sessions: Mapped[int] = mapped_column(BigInteger(), default=0)
+
+
+class ResumeLink(Base):
+    """A stop's one-time resume link: a hash of its token (the token itself is never stored), the session and
+    task it lets go on, and when a person used it."""
+
+    __tablename__ = "resume_links"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(32))
+    session_id: Mapped[str] = mapped_column(String(256))
+    task: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(DateTime())
+    used_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+    __table_args__ = (Index("ix_resume_links_session", "tenant", "session_id"),)

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import re
+import secrets
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import and_, func, literal_column, select
+from sqlalchemy import and_, func, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.detect.engine import TYPES, Episode
 from proxy.detect.texts import cut_notice, stop_text, warning_text
 from proxy.store import clean, rollup
-from proxy.store.models import (CountBucket, Detection, JudgeCheckRow, OutcomeBucket, SessionCount, SessionRow,
-                                TaskOutcome)
+from proxy.store.models import (CountBucket, Detection, JudgeCheckRow, OutcomeBucket, ResumeLink, SessionCount,
+                                SessionRow, TaskOutcome)
 
 ACTIONS = ("warned", "stopped", "cut")
 _RELATIVE = re.compile(r"^(\d+)\s*([smhdw])$")
@@ -333,6 +334,31 @@ def shown(row: Any) -> str:
         return ""
 
 
+async def resume_session(engine: AsyncEngine, session_id: str, tenant: str | None = None) -> list[dict]:
+    """Let a stopped session go on, as its stop's link does (the CLI's `resume`): its warnings and stop forgiven
+    up to the messages it has sent, on every replica within a second, and the resume on its timeline. Every
+    tenant's session of that id, or one tenant's."""
+    session_id = clean.column_text(SessionRow, "session_id", session_id)
+    conditions = [SessionRow.session_id == session_id]
+    if tenant is not None:
+        conditions.append(SessionRow.tenant == tenant)
+    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    resumed = []
+    async with engine.begin() as connection:
+        for row in (await connection.execute(select(SessionRow).where(*conditions))).all():
+            await connection.execute(update(SessionRow).where(
+                SessionRow.tenant == row.tenant, SessionRow.session_id == row.session_id).values(
+                reset_at_message=row.message_count, controls_changed_at=now))
+            task = (await connection.execute(
+                select(Detection.task).where(Detection.tenant == row.tenant, Detection.session_id == session_id)
+                .order_by(Detection.id.desc()).limit(1))).scalar() or ""
+            await connection.execute(ResumeLink.__table__.insert().values(
+                token_hash=secrets.token_hex(32), tenant=row.tenant, session_id=session_id, task=task,
+                created_at=now, used_at=now))  # no link: the resume itself, for the timeline
+            resumed.append({"tenant": row.tenant, "session_id": session_id, "reset_at_message": row.message_count})
+    return resumed
+
+
 async def session_timeline(engine: AsyncEngine, session_id: str, tenant: str | None = None) -> list[dict]:
     """Every tenant's session of that id (one, for a tenant), with detections and judge checks in order."""
     session_id = clean.column_text(SessionRow, "session_id", session_id)
@@ -350,13 +376,17 @@ async def session_timeline(engine: AsyncEngine, session_id: str, tenant: str | N
                 select(JudgeCheckRow).where(JudgeCheckRow.tenant == session.tenant,
                                             JudgeCheckRow.session_id == session_id)
                 .order_by(JudgeCheckRow.id))).all()
+            resumes = (await connection.execute(
+                select(ResumeLink).where(ResumeLink.tenant == session.tenant, ResumeLink.session_id == session_id,
+                                         ResumeLink.used_at.is_not(None)))).all()
             entry = session_dict(session, len(detections))
             entry["timeline"] = sorted(
                 [{"at": iso(d.created_at), "kind": "detection", **detection_dict(d), "message": shown(d)}
                  for d in detections]
                 + [{"at": iso(c.created_at), "kind": "judge_check", "task": c.task, "turn": c.turn,
                     "confidence": c.confidence, "confirm_confidence": c.confirm_confidence,
-                    "analysis": c.analysis, "model": c.model, "tokens": c.tokens} for c in checks],
+                    "analysis": c.analysis, "model": c.model, "tokens": c.tokens} for c in checks]
+                + [{"at": iso(r.used_at), "kind": "resume", "task": r.task} for r in resumes],
                 key=lambda item: item["at"] or "",
             )
             result.append(entry)

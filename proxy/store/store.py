@@ -10,6 +10,7 @@ once; through another replica, within POLL_EVERY seconds.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -22,7 +23,7 @@ from proxy.detect.judge_policy import JudgeCheck
 from proxy.lru import LRU
 from proxy.store import clean, rollup
 from proxy.store.database import create_engine, ping
-from proxy.store.models import Detection, JudgeCheckRow, ResponseRow, SessionRow
+from proxy.store.models import Detection, JudgeCheckRow, ResponseRow, ResumeLink, SessionRow
 from proxy.store.writer import LogWriter, utcnow
 
 log = logging.getLogger("loopwarden.store")
@@ -55,6 +56,10 @@ class Controls:
 
 
 NO_CONTROLS = Controls()
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class Store:
@@ -335,6 +340,40 @@ class Store:
                 changed.append({"tenant": key[0], "session_id": key[1], "disabled": merged.disabled,
                                 "reset_at_message": merged.reset_at_message})
         return changed
+
+    # -- resume links: a person lets a stopped session go on -------------------------------------------------------
+
+    async def save_resume_link(self, token: str, tenant: str, session_id: str, task: str) -> None:
+        """Keep a stop's resume link (its hash only) before the stop's answer names it."""
+        async with self.engine.begin() as connection:
+            await connection.execute(ResumeLink.__table__.insert().values(
+                token_hash=token_hash(token), tenant=tenant, task=task, created_at=utcnow(),
+                session_id=clean.column_text(SessionRow, "session_id", session_id)))
+
+    async def resume_link(self, token: str) -> dict | None:
+        """What a link would resume: its session, task and whether it was used; None for a token never issued."""
+        async with self.engine.connect() as connection:
+            row = (await connection.execute(select(ResumeLink).where(
+                ResumeLink.token_hash == token_hash(token)))).first()
+        if row is None:
+            return None
+        return {"tenant": row.tenant, "session_id": row.session_id, "task": row.task,
+                "created_at": row.created_at, "used_at": row.used_at}
+
+    async def use_resume_link(self, token: str, known_counts: dict | None = None) -> dict | None:
+        """Spend the link and reset its session, as an operator's reset does; None when it was never issued or
+        is spent already (a second use, or another replica's at the same moment, changes nothing)."""
+        link = await self.resume_link(token)
+        if link is None or link["used_at"] is not None:
+            return None
+        async with self.engine.begin() as connection:
+            spent = await connection.execute(update(ResumeLink).where(
+                ResumeLink.token_hash == token_hash(token), ResumeLink.used_at.is_(None)).values(used_at=utcnow()))
+        if spent.rowcount != 1:
+            return None
+        await self.set_controls(link["session_id"], link["tenant"], reset=True, known_counts=known_counts)
+        log.info("session %s resumed by its stop's link (task %s)", link["session_id"], link["task"])
+        return link
 
     # -- keeping the memory fresh -----------------------------------------------------------------------------
 

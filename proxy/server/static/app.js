@@ -234,6 +234,11 @@ async function loadSession(id) {
 }
 
 function timelineEntry(entry) {
+  if (entry.kind === "resume") {
+    return el("div", { class: "entry resume" },
+      el("div", { class: "head" }, "resumed by a person: the stop and warnings forgiven"),
+      el("div", { class: "muted" }, time(entry.at)));
+  }
   if (entry.kind === "judge_check") {
     return el("div", { class: "entry judge", swatch: "llm" },
       el("div", { class: "head" }, `judge check at turn ${entry.turn}: confidence ${entry.confidence ?? "none"}`),

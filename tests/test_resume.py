@@ -1,0 +1,149 @@
+"""The way back after a stop: the stop's message carries a one-time link; the person opens it, confirms, and the
+agent's next request goes through. The link needs no admin token and unlocks nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+
+import aiohttp
+import openai
+import pytest
+
+from tests.agent import Agent
+from tests.fake_upstream import Turn
+from tests.test_detection_e2e import CONTENT
+from tests.test_log_api import ROOT, wait_for
+from tests.test_page import browser  # noqa: F401 (the page tests' Chromium, as a fixture)
+
+LINK = re.compile(r"open (http://\S+/loopwarden/resume/[\w-]+)")
+
+
+async def stopped(agent: Agent, upstream) -> str:
+    """Loop the agent to its stop (the ladder of five: warned after the 5th and 6th calls, stopped after the
+    7th); the link its message names."""
+    for _ in range(7):
+        upstream.script.append(Turn(tool_calls=[("read_file", {"path": "src/app.py"})]))
+        await agent.turn()
+        agent.answer(CONTENT)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await agent.turn()
+    assert caught.value.code == "loop_detected"
+    found = LINK.search(caught.value.message)
+    assert found, caught.value.message
+    return found.group(1)
+
+
+async def fetch(method: str, url: str, **form) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as http:
+        async with http.request(method, url, data=form or None) as answer:
+            return answer.status, await answer.text()
+
+
+def confirmation_in(page: str) -> str:
+    return re.search(r"name=confirm value=(\w+)", page).group(1)
+
+
+async def test_the_link_resumes_the_stopped_session_once(upstream, proxy_factory):
+    proxy = await proxy_factory(upstream.url, admin_token="admin-only")
+    agent = Agent(proxy.url, headers={"X-Loopwarden-Session": "night run"})
+    link = await stopped(agent, upstream)
+    assert link.startswith(proxy.root)
+    # Nothing of the link went to the model: not in any request the upstream got.
+    assert all("/loopwarden/resume/" not in str(body) for body in upstream.chat_requests)
+
+    status, page = await fetch("GET", link)  # no admin token needed
+    assert status == 200 and "night run" in page and "read_file" in page and "Resume the session" in page
+    with pytest.raises(openai.BadRequestError):
+        await agent.turn()  # opening the link resumes nothing
+    status, _ = await fetch("POST", link)  # nor does a POST without the page's confirmation
+    assert status == 400
+
+    confirm = confirmation_in(page)
+    status, page = await fetch("POST", link, confirm=confirm)
+    assert status == 200 and "Resumed" in page
+    upstream.script.append(Turn(content="I will read the tests instead."))
+    answer = await agent.turn()
+    assert answer["content"] == "I will read the tests instead."  # forwarded, with a fresh warning budget
+    assert "[loopwarden]" not in str(upstream.chat_requests[-1]["messages"][-3:])
+
+    status, page = await fetch("POST", link, confirm=confirm)
+    assert status == 410 and "Already resumed" in page  # spent
+    status, _ = await fetch("GET", link.rsplit("/", 1)[0] + "/forged-token-123")
+    assert status == 404
+    await agent.close()
+
+    async def timeline():
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{proxy.root}/loopwarden/api/sessions/night%20run",
+                                headers={"Authorization": "Bearer admin-only"}) as answer:
+                entries = (await answer.json())["data"][0]["timeline"]
+        return entries if any(e["kind"] == "resume" for e in entries) else None
+
+    assert [e["kind"] for e in await wait_for(timeline)][-1] == "resume"
+
+
+async def test_a_link_resumes_its_own_session_and_nothing_else(upstream, proxy_factory):
+    proxy = await proxy_factory(upstream.url)
+    first = Agent(proxy.url, headers={"X-Loopwarden-Session": "first"})
+    second = Agent(proxy.url, headers={"X-Loopwarden-Session": "second"})
+    link = await stopped(first, upstream)
+    other = await stopped(second, upstream)
+    assert link != other
+    _, page = await fetch("GET", link)
+    status, _ = await fetch("POST", link, confirm=confirmation_in(page))
+    assert status == 200
+    with pytest.raises(openai.BadRequestError):
+        await second.turn()  # the other session stays stopped
+    status, _ = await fetch("POST", other, confirm=confirmation_in(page))  # another link's confirmation
+    assert status == 400
+    await first.close()
+    await second.close()
+
+
+async def test_the_cli_resumes_a_session_as_the_link_does(upstream, proxy_factory, tmp_path):
+    database = f"sqlite+aiosqlite:///{tmp_path}/resume.db"
+    proxy = await proxy_factory(upstream.url, database_url=database)
+    agent = Agent(proxy.url, headers={"X-Loopwarden-Session": "cli run"})
+    await stopped(agent, upstream)
+    await asyncio.sleep(0.3)  # the session's row is written
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy", "resume", "cli run",
+                                                    "--database-url", database],
+                                   cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "session cli run" in done.stdout and "resumed" in done.stdout
+    upstream.script.append(Turn(content="going on"))
+
+    async def forwarded():
+        try:
+            return await agent.turn()
+        except openai.BadRequestError:
+            return None  # this replica takes the stored reset within a second
+
+    assert (await wait_for(forwarded))["content"] == "going on"
+    missing = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy", "resume", "no such run",
+                                                       "--database-url", database],
+                                      cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no session 'no such run'" in missing.stderr
+    await agent.close()
+
+
+async def test_the_page_button_resumes_in_a_browser(upstream, proxy_factory, browser, tmp_path):
+    proxy = await proxy_factory(upstream.url)
+    agent = Agent(proxy.url, headers={"X-Loopwarden-Session": "browser run"})
+    link = await stopped(agent, upstream)
+    page = await browser.new_page()
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    await page.goto(link)
+    assert "browser run" in await page.inner_text("main")
+    await page.screenshot(path=str(tmp_path / "resume.png"))
+    await page.click("text=Resume the session")
+    await page.wait_for_selector("text=goes on")
+    assert await page.title() == "Resumed · loopwarden" and errors == []
+    await page.close()
+    upstream.script.append(Turn(content="going on"))
+    assert (await agent.turn())["content"] == "going on"
+    await agent.close()
