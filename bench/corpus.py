@@ -3,8 +3,9 @@ give when replayed.
 
     .venv/bin/python bench/corpus.py [--captures]
 
-The corpus (`tests/corpus/`, labels in `labels.json`): each run replayed with the default settings, as
-`tests/test_corpus.py` does; a loop counts as warned when its first episode is a warning. With `--captures`,
+The corpus (`tests/corpus/`, labels in `labels.json`): each run replayed with the default ladder and with the
+ladder of five, by part (the runs the rules were written with, runs added to tune on next, and a held-out third
+chosen by source that no rule is tuned on); a loop counts as warned when its first episode is a warning. With `--captures`,
 each captured agent's requests (`tests/fixtures/agents/*.jsonl`, one line per request of one run) replayed: the
 episodes of its last request (the whole history the run sent).
 """
@@ -27,29 +28,45 @@ CORPUS = ROOT / "tests" / "corpus"
 CAPTURES = ROOT / "tests" / "fixtures" / "agents"
 
 
+PARTS = ("tuned", "unseen", "held-out")  # written with; added, to tune on next; never to tune on (by source)
+LADDERS = {"the default ladder (3)": DetectConfig(), "the ladder of five (before 2026-11-26)":
+           DetectConfig(tool_call_threshold=5)}
+
+
 def corpus() -> None:
+    """Recall and benign runs flagged, by part and by agent, under each ladder."""
     labels = orjson.loads((CORPUS / "labels.json").read_bytes())
-    rows: dict[str, list[int]] = {}
-    for run, label in sorted(labels.items()):
-        (record,), errors = read_records([str(CORPUS / run)])
-        episodes = replay(DetectConfig(), record).episodes
-        row = rows.setdefault(label["agent"], [0, 0, 0, 0, 0])
-        row[0] += 1
-        if label["label"] == "loop":
-            row[1] += 1
-            row[2] += bool(episodes and episodes[0]["action"] == "warned")
-        else:
-            row[3] += 1
-            row[4] += bool(episodes)
-            if episodes:
-                print(f"  flagged: {run}: {[(e['type'], e['action']) for e in episodes]}")
-    print("| agent | runs | labelled loops | warned | benign runs | flagged |")
-    print("|---|---|---|---|---|---|")
-    total = [0] * 5
-    for agent, row in rows.items():
-        total = [a + b for a, b in zip(total, row)]
-        print(f"| {agent} | {row[0]} | {row[1]} | {row[2] if row[1] else '–'} | {row[3]} | {row[4]} |")
-    print(f"| all | {total[0]} | {total[1]} | {total[2]} | {total[3]} | {total[4]} |")
+    for name, config in LADDERS.items():
+        rows: dict[tuple[str, str], list[int]] = {}
+        flagged = []
+        for run, label in sorted(labels.items()):
+            (record,), errors = read_records([str(CORPUS / run)])
+            episodes = replay(config, record).episodes
+            agent = label["agent"].split(" (")[0].split(" with ")[0].split(",")[0]
+            row = rows.setdefault((label.get("part", "tuned"), agent), [0, 0, 0, 0, 0])
+            row[0] += 1
+            if label["label"] == "loop":
+                row[1] += 1
+                row[2] += bool(episodes and episodes[0]["action"] == "warned")
+            else:
+                row[3] += 1
+                row[4] += bool(episodes)
+                if episodes:
+                    flagged.append(f"{run}: {[(e['type'], e['action']) for e in episodes]}")
+        print(f"\n{name}\n")
+        print("| part | agent | runs | labelled loops | warned | benign runs | flagged |")
+        print("|---|---|---|---|---|---|---|")
+        for part in PARTS:
+            total = [0] * 5
+            for (row_part, agent), row in sorted(rows.items()):
+                if row_part == part:
+                    total = [a + b for a, b in zip(total, row)]
+                    print(f"| {part} | {agent} | {row[0]} | {row[1]} | {row[2] if row[1] else '–'} | {row[3]} | "
+                          f"{row[4]} |")
+            recall = f"{total[2] / total[1]:.0%}" if total[1] else "–"
+            print(f"| **{part}** | all | {total[0]} | {total[1]} | {total[2]} ({recall}) | {total[3]} | {total[4]} |")
+        for line in flagged:
+            print(f"  flagged: {line}")
 
 
 def captures() -> None:

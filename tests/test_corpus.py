@@ -21,12 +21,39 @@ def test_every_run_in_the_corpus_is_labelled_and_every_label_has_a_run():
     assert len({label["agent"].split(" (")[0] for label in LABELS.values()}) >= 3
 
 
-@pytest.mark.parametrize("run", sorted(LABELS))
-def test_a_labelled_run_gets_the_verdict_its_label_gives(run):
+# The runs the rules were written with ("tuned": no part named) must each get their label's verdict. The runs
+# added later ("unseen": to tune on next; "held-out": never to tune on, chosen by source) are measured, not held
+# to it run by run (bench/corpus.py reports recall on each part apart); a benign run of any part is never flagged.
+TUNED = sorted(run for run, label in LABELS.items() if "part" not in label)
+BENIGN = sorted(run for run, label in LABELS.items() if label["label"] == "benign")
+
+
+def episodes_of(run: str, config: DetectConfig) -> list[dict]:
     (record,), errors = read_records([str(CORPUS / run)])
     assert errors == []
-    episodes = replay(DetectConfig(tool_call_threshold=5), record).episodes
+    return replay(config, record).episodes
+
+
+@pytest.mark.parametrize("run", TUNED)
+def test_a_labelled_run_gets_the_verdict_its_label_gives(run):
+    episodes = episodes_of(run, DetectConfig(tool_call_threshold=5))
     if LABELS[run]["label"] == "loop":
         assert episodes and episodes[0]["action"] == "warned", f"{run}: a labelled loop was not warned"
     else:
         assert episodes == [], f"{run}: a benign run was flagged: {episodes}"
+
+
+@pytest.mark.parametrize("run", BENIGN)
+def test_no_benign_run_of_any_part_is_flagged_with_the_default_settings(run):
+    assert episodes_of(run, DetectConfig()) == [], f"{run}: a benign run was flagged"
+
+
+def test_the_held_out_part_is_a_third_chosen_by_source():
+    parts = {label.get("part", "tuned") for label in LABELS.values()}
+    assert parts == {"tuned", "unseen", "held-out"}
+    sources: dict[str, set[str]] = {}
+    for run, label in LABELS.items():
+        sources.setdefault(run.split("/")[0], set()).add(label.get("part", "tuned"))
+    assert all(len(found) == 1 for found in sources.values())  # a source is in one part only
+    held_out = sum(label.get("part") == "held-out" for label in LABELS.values())
+    assert len(LABELS) / 4 <= held_out <= len(LABELS) / 2
