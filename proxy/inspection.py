@@ -260,7 +260,7 @@ class Inspector:
         self._openings: LRU = LRU(CACHED_SESSIONS)
         self._per_model: LRU = LRU(MODEL_POLICIES)
         self.resume_links = resume_links  # a stop names a link a person may open to let the session go on
-        self._links: LRU = LRU(CACHED_SESSIONS)  # (tenant, session, task) -> the token of its stop's link
+        self._links: LRU = LRU(CACHED_SESSIONS)  # (tenant, session, task) -> its stop's link: (token, URL)
 
     def remember_unseen(self, key: tuple[str, str], chant: UnseenChant) -> None:
         """A chant in a whole answer's reasoning: the session's next request is warned of it."""
@@ -413,14 +413,18 @@ class Inspector:
         if not self.resume_links:
             return None, None
         key = (tenant, session_id, task)
-        token = self._links.get(key)
-        new_link = None
-        if token is None:
-            token = secrets.token_urlsafe(24)
-            self._links.put(key, token)
-            new_link = (token, tenant, session_id, task)
-        base = (self.settings.public_url or origin).rstrip("/")
-        return f"{base}/loopwarden/resume/{token}", new_link
+        known = self._links.get(key)
+        if known is not None:
+            return known[1], None
+        token = secrets.token_urlsafe(24)
+        url = f"{(self.settings.public_url or origin).rstrip('/')}/loopwarden/resume/{token}"
+        self._links.put(key, (token, url))
+        return url, (token, tenant, session_id, task)
+
+    def resume_url(self, tenant: str, session_id: str, task: str) -> str | None:
+        """The link a stop of this task named, if this process named one."""
+        known = self._links.get((tenant, session_id, task))
+        return known[1] if known is not None else None
 
     def _settings_for(self, model: str | None) -> tuple[Settings, DetectConfig]:
         """The settings and detection config in force for a model (its policy over the settings)."""

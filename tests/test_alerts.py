@@ -83,8 +83,11 @@ async def test_a_stop_is_sent_once_and_a_resend_sends_nothing_new(upstream, prox
         "episode": "3/2", "turn": 7, "api": "chat", "enforced": True}
     assert alert["model"] == "gpt-test" and len(alert["tenant"]) == 16 and alert["tokens_saved_estimate"] > 0
     assert alert["url"] == "https://lw.example.com/loopwarden/#open=night%20run%2F7"
+    # the link that lets the session go on, as the stop's message names it
+    assert alert["resume_url"].startswith("https://lw.example.com/loopwarden/resume/")
+    assert alert["text"].endswith(f"to let it go on: {alert['resume_url']}")
     assert alert["text"].startswith("loopwarden stopped a tool_call loop (`read_file`, episode 3/2, turn 7) in "
-                                    "session night run/7") and alert["text"].endswith(alert["url"])
+                                    "session night run/7") and f"— {alert['url']} —" in alert["text"]
     with pytest.raises(openai.BadRequestError):
         await agent.turn()  # the same request again
     await asyncio.sleep(0.3)

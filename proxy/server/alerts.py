@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Callable
 from urllib.parse import quote
 
 import aiohttp
@@ -25,8 +26,9 @@ def _slack(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def alert_payload(record: dict, public_url: str | None) -> dict:
-    """What a hook receives for one logged episode (a detection record), with a line a chat app shows."""
+def alert_payload(record: dict, public_url: str | None, resume_url: str | None = None) -> dict:
+    """What a hook receives for one logged episode (a detection record), with a line a chat app shows; a stop's
+    carries the link that lets the session go on."""
     detail = record["detail"]
     evidence = texts.evidence(detail)
     what = f"`{detail['tool']}`" if detail.get("tool") else record["type"]
@@ -37,12 +39,13 @@ def alert_payload(record: dict, public_url: str | None) -> dict:
     # escaped, as Slack asks, so they show as typed.
     text = (f"loopwarden {record['action']} a {record['type']} loop ({_slack(what)}, episode {episode}, "
             f"turn {record['turn']}) in session {_slack(record['session_id'])}{observed}"
-            + (f": {_slack(evidence)}" if evidence else "") + (f" — {link}" if link else ""))
+            + (f": {_slack(evidence)}" if evidence else "") + (f" — {link}" if link else "")
+            + (f" — to let it go on: {resume_url}" if resume_url else ""))
     return {"event": f"loop.{record['action']}", "session_id": record["session_id"], "tenant": record["tenant"],
             "model": record["model"], "type": record["type"], "action": record["action"], "episode": episode,
             "turn": record["turn"], "evidence": evidence, "api": detail.get("api"),
             "tokens_saved_estimate": record["tokens_saved_estimate"], "enforced": record["enforced"],
-            "created_at": record["created_at"].isoformat(), "url": link, "text": text}
+            "created_at": record["created_at"].isoformat(), "url": link, "resume_url": resume_url, "text": text}
 
 
 class Alerts:
@@ -54,6 +57,8 @@ class Alerts:
         self._queue: asyncio.Queue[dict] = asyncio.Queue(QUEUE_SIZE)
         self._sender: asyncio.Task | None = None
         self._http: aiohttp.ClientSession | None = None
+        # The resume link a stop named: (tenant, session, task) -> its URL, or None (the guard sets it)
+        self.resume_url: Callable[[str, str, str], str | None] = lambda tenant, session, task: None
 
     def _count(self, outcome: str) -> None:
         if self.metrics is not None:
@@ -64,7 +69,9 @@ class Alerts:
         if record["action"] not in self.actions:
             return
         try:
-            self._queue.put_nowait(alert_payload(record, self.public_url))
+            resume = self.resume_url(record["tenant"], record["session_id"], record["task"]) \
+                if record["action"] == "stopped" and record["enforced"] else None
+            self._queue.put_nowait(alert_payload(record, self.public_url, resume))
         except asyncio.QueueFull:
             log.warning("webhook queue full: an alert for session %s was dropped", record["session_id"])
             self._count("dropped")

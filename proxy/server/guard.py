@@ -117,6 +117,8 @@ class Guard:
                                    is_judge=is_judge, resume_links=store is not None)
         self.judges = JudgeScheduler(settings, judge, store, metrics, self.inspector.config.judge_confirm) \
             if judge is not None else None
+        if self.alerts is not None:
+            self.alerts.resume_url = self.inspector.resume_url
 
     async def start(self) -> None:
         if self.store is not None:
