@@ -14,7 +14,7 @@ OPENCODE := opencode-ai@1.18.33
 QWEN_CODE := @qwen-code/qwen-code@0.24.4
 CODEX := @openai/codex@0.169.0
 
-.PHONY: serve test bench migrate clean agents-check chromium tinyproxy
+.PHONY: serve test bench migrate clean agents-check test-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,30 +47,24 @@ migrate: $(SERVE_STAMP)
 	$(BIN)/loopwarden migrate
 
 # The main suite, then the real-agent checks (below) in their own environment.
-test: $(STAMP) $(AGENTS_STAMP) chromium tinyproxy
+test: $(STAMP) $(AGENTS_STAMP) test-tools
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory agents-check
 
-# The page tests drive Debian's Chromium (Playwright's own browser download is not used): installed when missing.
-chromium:
-	@command -v chromium >/dev/null 2>&1 || { \
+# The page tests drive Debian's Chromium (Playwright's own browser download is not used) and the forward-proxy
+# tests go through Debian's tinyproxy: what is missing is installed, where root and apt-get are at hand.
+DEBIAN_TEST_TOOLS := chromium tinyproxy
+test-tools:
+	@missing="$$(for tool in $(DEBIAN_TEST_TOOLS); do command -v $$tool >/dev/null 2>&1 || echo $$tool; done)"; \
+	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing Debian's chromium for the page tests"; \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+			echo "installing Debian's" $$missing "for the tests"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 		else \
-			echo "chromium is missing and cannot be installed here (it needs root and apt-get): the page tests will not run"; \
-		fi; }
-
-# The forward-proxy tests go through Debian's tinyproxy, a real egress proxy: installed when missing.
-tinyproxy:
-	@command -v tinyproxy >/dev/null 2>&1 || { \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing Debian's tinyproxy for the forward-proxy tests"; \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tinyproxy >/dev/null; \
-		else \
-			echo "tinyproxy is missing and cannot be installed here (it needs root and apt-get): the forward-proxy" \
-				"tests will not run"; \
-		fi; }
+			echo $$missing "missing and cannot be installed here (it needs root and apt-get): the tests that" \
+				"need it will not run"; \
+		fi; \
+	fi
 
 # smolagents, LlamaIndex, DSPy, pydantic-ai, Google's ADK, the OpenAI Agents SDK, and Claude Code, Gemini CLI, the
 # Vercel AI SDK, OpenCode, Qwen Code and Codex CLI (from npm, pinned here: a new pin reinstalls) driven through

@@ -14,7 +14,7 @@ import pytest
 
 from tests.agent import Agent
 from tests.fake_upstream import Turn
-from tests.test_detection_e2e import CONTENT
+from tests.test_alerts import loop_to_the_stop
 from tests.test_log_api import ROOT, wait_for
 from tests.test_page import browser  # noqa: F401 (the page tests' Chromium, as a fixture)
 
@@ -22,17 +22,11 @@ LINK = re.compile(r"open (http://\S+/loopwarden/resume/[\w-]+)")
 
 
 async def stopped(agent: Agent, upstream) -> str:
-    """Loop the agent to its stop (the ladder of five: warned after the 5th and 6th calls, stopped after the
-    7th); the link its message names."""
-    for _ in range(7):
-        upstream.script.append(Turn(tool_calls=[("read_file", {"path": "src/app.py"})]))
-        await agent.turn()
-        agent.answer(CONTENT)
-    with pytest.raises(openai.BadRequestError) as caught:
-        await agent.turn()
-    assert caught.value.code == "loop_detected"
-    found = LINK.search(caught.value.message)
-    assert found, caught.value.message
+    """Loop the agent to its stop (the ladder of five); the link its message names."""
+    refused = await loop_to_the_stop(agent, upstream)
+    assert refused.code == "loop_detected"
+    found = LINK.search(refused.message)
+    assert found, refused.message
     return found.group(1)
 
 
