@@ -744,3 +744,11 @@ def test_replies_that_say_different_things_or_are_broken_by_an_action_are_no_loo
     questions = asked(4)
     broken = questions[:4] + [step("read_file", {"path": "a.toml"}, "x = 1")] + questions[4:]
     assert kinds(conversation(user("go"), *broken), DetectConfig()) == []
+
+
+def test_a_react_paper_agent_repeating_a_lookup_is_warned_at_the_third():
+    turns = [part for n in range(1, 4) for part in (
+        assistant(f"Thought {n}: I should look her up again.\nAction {n}: Lookup[Cher]"),
+        user(f"Observation {n}: No more results."))]
+    found = eps(conversation(user("Claim: Cher is Cher's eighteenth orchestra."), *turns), DetectConfig())
+    assert found and found[0].type in ("tool_call", "tool_error") and found[0].detail["tool"] == "Lookup"

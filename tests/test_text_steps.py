@@ -286,3 +286,18 @@ def test_aiders_example_conversation_is_no_persons_prompt():
     assert person_text(enumerate(["Change get_factorial() to use math.factorial", "fix it"])) == \
         ("Change get_factorial() to use math.factorial", 0)  # without the note closing them, they are a person's
     assert person_text(enumerate(texts[3:5])) == ("", -1)  # only the agent's own preambles: no person wrote yet
+
+
+def test_the_react_papers_numbered_steps_and_bracketed_arguments_are_actions():
+    """The ReAct paper's harnesses (HotPotQA, FEVER, WebShop) number each step and give the argument in brackets:
+    `Action 3: Lookup[Cher]` answered by `Observation 3: No more results.`; the same lookup failing alike is
+    one step repeated, whatever its number."""
+    from proxy.detect.text_steps import is_observation, observation_text, read_actions
+
+    assert read_actions("Thought 3: I need her albums.\nAction 3: Lookup[Cher]") == [TextAction("Lookup", "Cher")]
+    assert read_actions("Action: click[Buy Now]") == [TextAction("click", "Buy Now")]
+    assert read_actions("Thought: look it up\nAction: search\nAction Input: {\"q\": 1}") == [
+        TextAction("search", '{"q":1}')]  # an agent framework's ReAct, as before
+    assert is_observation("Observation 3: No more results.")
+    assert observation_text("Observation 3: No more results.") == observation_text("Observation 5: No more results.")
+    assert read_actions("The next action: none needed.") is None  # not at a line's start

@@ -28,7 +28,11 @@ class TextAction(NamedTuple):
 # -- the assistant's action ------------------------------------------------------------------------------
 
 _SMOLAGENTS_CALLS = "Calling tools:\n"
-_REACT_ACTION = re.compile(r"Action:[ \t]*(\S[^\n]*)\n(?:Action Input:[ \t]*(.*))?", re.DOTALL)
+# ReAct: `Action: tool` and its `Action Input:`, at the start of a line; the ReAct paper's harnesses number the
+# step (`Action 3: Lookup[Cher]`) and give the argument in brackets.
+_REACT_ACTION = re.compile(r"^Action(?:\x20\d+)?:[ \t]*(\S[^\n]*)(?:\n(?:Action Input:[ \t]*(.*))?)?",
+                           re.MULTILINE | re.DOTALL)
+_BRACKETED = re.compile(r"(\w+)\[(.*)\]\s*\Z", re.DOTALL)
 _CODE_TAG = re.compile(r"<code>\n?(.*?)</code>", re.DOTALL)
 _FENCE = re.compile(r"^```([\w+-]*)[ \t]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _DSPY_FIELD = re.compile(r"\[\[ ## (\w+) ## \]\]\n(.*?)(?=\n\n\[\[ ## |\n*\Z)", re.DOTALL)
@@ -72,14 +76,15 @@ def _smolagents(text: str) -> list[TextAction] | None:
 
 
 def _react(text: str) -> list[TextAction] | None:
-    at = text.find("Action:")
-    while at > 0 and text[at - 1] != "\n":  # only at the start of a line
-        at = text.find("Action:", at + 1)
-    match = _REACT_ACTION.match(text, at) if at >= 0 else None
+    match = _REACT_ACTION.search(text) if "Action" in text else None
     if match is None:
         return None
-    arguments = (match.group(2) or "").split("\nObservation:")[0]
-    return [TextAction(match.group(1).strip(), _arguments(arguments))]
+    name, given = match.group(1).strip(), match.group(2)
+    bracketed = _BRACKETED.match(name) if given is None else None
+    if bracketed is not None:  # `Lookup[Cher]`: the tool and its argument
+        return [TextAction(bracketed.group(1), _arguments(bracketed.group(2)))]
+    arguments = (given or "").split("\nObservation:")[0]
+    return [TextAction(name, _arguments(arguments))]
 
 
 def _code(text: str) -> list[TextAction] | None:
@@ -145,13 +150,14 @@ def read_actions(text: str) -> list[TextAction] | None:
 # -- the harness's answer --------------------------------------------------------------------------------
 
 _OBSERVATION_STARTS = ("Observation:", "OBSERVATION:", "Error:\n", "<returncode>", "<exception>", "Call id:")
+_OBSERVATION_FRAME = re.compile(r"(?:Observation|OBSERVATION)(?:\x20\d+)?:")  # `Observation 3:` numbers the step
 _SWE_AGENT_TAIL = re.compile(r"\(Current directory: [^\n]*\)\s*(?:bash-\$)?\s*\Z")
 
 
 def is_observation(text: str) -> bool:
     """A user message the harness wrote to answer an action written in text, not a person's."""
     head = text.lstrip()[:64]
-    if head.startswith(_OBSERVATION_STARTS):
+    if head.startswith(_OBSERVATION_STARTS) or _OBSERVATION_FRAME.match(head):
         return True
     if "SEARCH/REPLACE block" in head and "failed to match" in text[:200]:
         return True  # Aider: `# 1 SEARCH/REPLACE block failed to match!`
@@ -168,10 +174,8 @@ def observation_failed(text: str) -> bool:
 def observation_text(text: str) -> str:
     """An observation without the harness's frame, which says nothing about the result."""
     head = text.lstrip()
-    for start in ("Observation:", "OBSERVATION:"):
-        if head.startswith(start):
-            return head[len(start):]
-    return text
+    frame = _OBSERVATION_FRAME.match(head)
+    return head[frame.end():] if frame is not None else text
 
 
 # -- what agents write themselves ------------------------------------------------------------------------

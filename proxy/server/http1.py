@@ -228,10 +228,13 @@ class _Connection(asyncio.Protocol):
         """One timer per answer rather than one per read: it fires when the upstream may have been silent
         long enough, and looks when it last heard from it."""
         self._timer = None
+        now = self._loop.time()
+        if self._paused and self.response is not None:  # its reader is slow (what was read waits for it)
+            self._timer = self._loop.call_at(now + 1.0, self._check_silence)
+            return
         due = self._last_read + self._read_timeout
-        if (self._paused and self.response is not None) or self._loop.time() < due:
-            # not silent: heard from lately, or its reader is slow (what was read waits for it)
-            self._timer = self._loop.call_at(max(due, self._loop.time() + 1.0), self._check_silence)
+        if now < due:  # heard from lately (or the timer fired a little early): look again when it is due
+            self._timer = self._loop.call_at(due, self._check_silence)
             return
         self._fail(asyncio.TimeoutError())
         self.close()
