@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from overhead import Served, conversation  # noqa: E402
 
-LOOPING = orjson.dumps({"model": "bench", "messages": conversation(12, looping=True)})
+LOOPING = orjson.dumps({"model": "bench", "messages": conversation(8, looping=True)})  # one warning each
 
 
 async def run(stop: signal.Signals, seconds: float, workers: int) -> tuple[int, int]:

@@ -36,7 +36,7 @@ from overhead import Served, conversation, pct  # noqa: E402
 from proxy.store.database import create_engine  # noqa: E402
 from proxy.store.models import Detection  # noqa: E402
 
-LOOPING = orjson.dumps({"model": "bench", "messages": conversation(12, looping=True)})
+LOOPING = orjson.dumps({"model": "bench", "messages": conversation(8, looping=True)})  # one warning each
 BEFORE, AFTER = 5.0, 15.0  # seconds of load before the outage and after it
 
 

@@ -392,10 +392,11 @@ async def run(quick: bool, reasoning_only: bool = False, relay_only: bool = Fals
 
             count = int(10_000 * scale)
             print(f"## The log: {count} requests that each log a new detection, vs {count} that log nothing\n")
-            print("Both sets are new sessions with a 12-message conversation, so both are analysed from "
-                  "scratch; only the first set loops (one warning each, written to the log).\n")
-            looping = orjson.dumps({"model": "bench", "messages": conversation(12, looping=True)})
-            calm = orjson.dumps({"model": "bench", "messages": conversation(12)})
+            print("Both sets are new sessions with an 8-message conversation, so both are analysed from "
+                  "scratch; only the first set loops (three identical calls: one warning each with the default "
+                  "ladder, written to the log).\n")
+            looping = orjson.dumps({"model": "bench", "messages": conversation(8, looping=True)})
+            calm = orjson.dumps({"model": "bench", "messages": conversation(8)})
             logged, quiet = [], []
             for i in range(count):
                 logged.append(await timer.once(lw, looping, {"X-Loopwarden-Session": f"log-{i}"}))

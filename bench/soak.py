@@ -33,8 +33,9 @@ from scale import rss_mb  # noqa: E402
 WINDOW = 30.0
 JSON = {"Content-Type": "application/json"}
 PLAIN = orjson.dumps({"model": "bench", "messages": conversation(12)})
-# 5 identical calls are the first episode, each further one another: warned, warned, stopped.
-LOOP_STEPS = [orjson.dumps({"model": "bench", "messages": conversation(n, looping=True)}) for n in (12, 14, 16)]
+# With the default ladder 3 identical calls are the first episode, each further one another: warned, warned,
+# stopped.
+LOOP_STEPS = [orjson.dumps({"model": "bench", "messages": conversation(n, looping=True)}) for n in (8, 10, 12)]
 STREAM = orjson.dumps({"model": "bench", "stream": True, "messages": conversation(4)})
 
 

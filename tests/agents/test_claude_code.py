@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from pathlib import Path
 
 import aiohttp
@@ -62,6 +63,12 @@ async def test_claude_code_is_warned_twice_then_stopped(upstream, proxy_factory,
     status, output = await run_claude(running.root, "List the files here", tmp_path)
     assert status == 1, output
     assert "[loopwarden] Loop detected (tool_call)" in output and "`Bash`" in output
+    # The person sees the way back on screen: the stop's one-time resume link, which opens its page.
+    link = re.search(r"open (http://\S+/loopwarden/resume/[\w-]+)", output)
+    assert link, output
+    async with aiohttp.ClientSession() as http:
+        async with http.get(link.group(1)) as page:
+            assert page.status == 200 and "Resume the session" in await page.text()
     seen = turns(upstream)
     assert len(seen) == 7  # nothing after the stop reached the upstream
     assert [len(warnings(body)) for body in seen] == [0, 0, 0, 0, 0, 1, 2]
