@@ -48,8 +48,8 @@ def _header(headers: Mapping[str, str], name: str) -> str:
 # -- the agents ---------------------------------------------------------------------------------------------
 
 _CLAUDE = re.compile(r"claude-cli/(\S+)(?:\s*\(([^)]*)\))?")
-_CLAUDE_ENTRYPOINTS = {"sdk-py": "Claude Agent SDK (Python)", "sdk-ts": "Claude Agent SDK (TypeScript)",
-                       "sdk-cli": "Claude Agent SDK"}
+# `sdk-cli` is Claude Code's own print mode (`claude -p`): Claude Code, as any other entry point not listed.
+_CLAUDE_ENTRYPOINTS = {"sdk-py": "Claude Agent SDK (Python)", "sdk-ts": "Claude Agent SDK (TypeScript)"}
 _CODEX = re.compile(r"(codex_[a-z_]+)/(\S+)")
 _CODEX_ORIGINATORS = {"codex_cli_rs": "Codex CLI", "codex_exec": "Codex CLI (exec)",
                       "codex_vscode": "Codex (VS Code)"}
@@ -228,8 +228,12 @@ def agent_name(headers: Mapping[str, str], system: str = "") -> str | None:
 # -- the title ----------------------------------------------------------------------------------------------
 
 # What an agent puts before a person's words in the same message: Claude Code's reminders, an IDE's context.
-_LEADING_BLOCKS = re.compile(r"\A(?:\s*<(system-reminder|environment_context|user_instructions|ide_[\w-]+)>"
-                             r".*?</\1>)+", re.DOTALL)
+_LEADING_BLOCKS = re.compile(r"\A(?:\s*<(system-reminder|environment_context|user_instructions|session_context|"
+                             r"ide_[\w-]+)>.*?</\1>)+", re.DOTALL)
+# How agent frameworks frame the person's task around it: CrewAI's `Current Task: … This is the expected criteria
+# for your final answer: …`, smolagents' `New task:`.
+_FRAMING = re.compile(r"\A\s*(?:Current Task:|New task:)\s*")
+_CRITERIA = "\n\nThis is the expected criteria for your final answer:"
 
 # Context an agent appends to a person's words in the same message (Kilo Code's, Cline's, Roo Code's).
 _TRAILING_BLOCKS = re.compile(r"<environment_details>.*?</environment_details>", re.DOTALL)
@@ -243,7 +247,12 @@ def title_of(prompt: str) -> str | None:
     if not prompt:
         return None
     text = _TRAILING_BLOCKS.sub("", _LEADING_BLOCKS.sub("", prompt, count=1)[:_TITLE_READ * 4])
-    text = _ANSI.sub("", text[:_TITLE_READ])
+    framed = _FRAMING.match(text)
+    if framed is not None:
+        text = text[framed.end():].split(_CRITERIA, 1)[0]
+    text = _ANSI.sub("", text[:_TITLE_READ]).strip()
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "\"'`":  # a title quoted (OpenCode's, Kilo Code's)
+        text = text[1:-1]
     text = _printable(mask(text).replace("\x00", "…"), _TITLE_READ)
     if len(text) > TITLE_LENGTH:
         text = text[:TITLE_LENGTH - 1].rstrip() + "…"

@@ -16,6 +16,7 @@ CAPTURED = [
     ("Claude Code 2.1.330", {"User-Agent": "claude-cli/2.1.330 (external, cli)", "anthropic-version": "2023-06-01",
                              **STAINLESS_JS, "x-stainless-package-version": "0.70.0"}),
     ("Claude Agent SDK (Python) 2.1.330", {"User-Agent": "claude-cli/2.1.330 (external, sdk-py)"}),
+    ("Claude Code 2.1.330", {"User-Agent": "claude-cli/2.1.330 (external, sdk-cli)"}),  # `claude -p`
     ("Codex CLI 0.169.0", {"User-Agent": "codex_cli_rs/0.169.0 (Debian 12.0.0; x86_64) xterm-256color (codex-exec; 0.169.0)",
                            "originator": "codex_cli_rs", "session_id": "0199a1b2"}),
     ("Codex CLI (exec) 0.169.0", {"User-Agent": "codex_exec/0.169.0 (Debian 12.0.0; x86_64) dumb",
@@ -116,7 +117,7 @@ def test_a_title_holds_no_control_characters():
 def test_context_an_agent_appends_to_the_prompt_is_not_the_title():
     prompt = '"rename the loader"\n\n<environment_details>\nMessage time: 2026-11-24T12:49:57Z\n' \
              'Working directory: /work/app\n</environment_details>'
-    assert title_of(prompt) == '"rename the loader"'
+    assert title_of(prompt) == "rename the loader"  # Kilo Code quotes the prompt: the quotes are not the title
 
 
 def test_a_sessions_title_is_the_first_prompt_a_person_wrote():
@@ -133,10 +134,21 @@ def test_a_sessions_title_is_the_first_prompt_a_person_wrote():
     assert session_title(aider) == "Set beta to 3 in notes.txt"
     # OpenCode's title request (the same session header as its conversation, and sometimes first).
     opencode = ["Generate a title for this conversation:\n", '"Summarise the file notes.txt in one line"']
-    assert session_title(opencode) == '"Summarise the file notes.txt in one line"'
+    assert session_title(opencode) == "Summarise the file notes.txt in one line"
     # Kilo Code's title request quotes the first prompt inside its instruction.
     kilo = ["Generate a title for this conversation:\n\nTitle the task, not the reference.\n\n"
             'User messages, oldest to newest:\n1. "Read notes.txt and tell me alpha"\n\nWork done so far:\n- read']
-    assert session_title(kilo) == '"Read notes.txt and tell me alpha"'
+    assert session_title(kilo) == "Read notes.txt and tell me alpha"
     assert session_title(["fix a.py", "now b.py"]) == "fix a.py"
     assert session_title([]) is None and session_title(["<environment_context>x</environment_context>"]) is None
+
+
+def test_an_agent_frameworks_framing_and_gemini_clis_context_are_not_the_title():
+    gemini_cli = "<session_context>\nThis is the Gemini CLI. We are setting up the context.\n</session_context>\n" \
+                 "Make the tests pass"
+    crewai = "Current Task: Find the bug in calc.py\n\nThis is the expected criteria for your final answer: a fix\n" \
+             "you MUST return the actual complete content as the final answer, not a summary."
+    assert title_of(gemini_cli) == "Make the tests pass"
+    assert title_of(crewai) == "Find the bug in calc.py"
+    assert title_of("New task:\nFind the bug in calc.py") == "Find the bug in calc.py"  # smolagents
+    assert title_of('Fix the "login" page') == 'Fix the "login" page'  # quotes inside a prompt stay
