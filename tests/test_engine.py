@@ -752,3 +752,16 @@ def test_a_react_paper_agent_repeating_a_lookup_is_warned_at_the_third():
         user(f"Observation {n}: No more results."))]
     found = eps(conversation(user("Claim: Cher is Cher's eighteenth orchestra."), *turns), DetectConfig())
     assert found and found[0].type in ("tool_call", "tool_error") and found[0].detail["tool"] == "Lookup"
+
+
+def test_aiders_ok_after_the_run_it_records_is_not_a_model_turn():
+    """Aider records a test run as `I ran this command: … And got this output: …` and its own `Ok.`: neither
+    is the model's turn, so the warnings of a loop come one request at a time."""
+    from proxy.detect.engine import analyze as fold
+
+    run = user("I ran this command:\n\npytest -q\n\nAnd got this output:\n\nFAILED tests/test_a.py::test_x\n"
+               "1 failed in 0.02s\n")
+    messages = conversation(user("fix the test"), step("read_file", {"path": "a.py"}, "x = 1"), run,
+                            assistant("Ok."), step("read_file", {"path": "b.py"}, "y = 2"))
+    state, _ = fold(DetectConfig(), neutral(messages))
+    assert state.turns == 2  # the two reads; Aider's `Ok.` is not a turn

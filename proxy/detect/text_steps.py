@@ -203,6 +203,7 @@ _OWN_PREAMBLES = (
     "Here are some READ ONLY files, provided for your reference.",  # Aider's read-only files
     "This is the Qwen Code. We are setting up the context for our chat.",  # Qwen Code's environment
     "I committed the changes with git hash ",  # Aider's note after an edit it committed
+    "I ran this command:\n",  # Aider's record of a test or lint run it made (`--auto-test`, `/test`, `/run`)
     _EXAMPLES_END,  # Aider's, closing its example conversation
 )
 _OWN_NOTES = frozenset({  # Aider's after an edit
