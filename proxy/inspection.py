@@ -421,6 +421,10 @@ class Inspector:
         self._links.put(key, (token, url))
         return url, (token, tenant, session_id, task)
 
+    def forget_resume_link(self, tenant: str, session_id: str, task: str) -> None:
+        """A link that could not be kept: the task's next stop draws a new one."""
+        self._links.pop((tenant, session_id, task), None)
+
     def resume_url(self, tenant: str, session_id: str, task: str) -> str | None:
         """The link a stop of this task named, if this process named one."""
         known = self._links.get((tenant, session_id, task))

@@ -141,3 +141,25 @@ async def test_the_page_button_resumes_in_a_browser(upstream, proxy_factory, bro
     upstream.script.append(Turn(content="going on"))
     assert (await agent.turn())["content"] == "going on"
     await agent.close()
+
+
+async def test_a_link_the_database_could_not_keep_is_not_named_again(upstream, proxy_factory, monkeypatch):
+    from proxy.server.app import GUARD
+
+    proxy = await proxy_factory(upstream.url)
+    store = proxy.runner.app[GUARD].store
+    kept = store.save_resume_link
+
+    async def refused(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store, "save_resume_link", refused)
+    agent = Agent(proxy.url, headers={"X-Loopwarden-Session": "full disk"})
+    lost = await stopped(agent, upstream)  # the stop is answered all the same
+    monkeypatch.setattr(store, "save_resume_link", kept)
+    with pytest.raises(openai.BadRequestError) as again:
+        await agent.turn()
+    link = LINK.search(again.value.message).group(1)
+    assert link != lost
+    assert (await fetch("GET", lost))[0] == 404 and (await fetch("GET", link))[0] == 200
+    await agent.close()

@@ -137,11 +137,12 @@ class Guard:
             await self.alerts.close(min(self.settings.shutdown_grace, 5.0))
 
     async def keep_resume_link(self, token: str, tenant: str, session_id: str, task: str) -> None:
-        """A stop's resume link, kept before its answer names it; a database that cannot take it leaves the link
-        unusable, never the stop unanswered."""
+        """A stop's resume link, kept before its answer names it; a database that cannot take it leaves that link
+        unusable (the task's next stop names a new one), never the stop unanswered."""
         try:
             await self.store.save_resume_link(token, tenant, session_id, task)
         except Exception as exc:  # noqa: BLE001 - the stop is answered whatever the log's state
+            self.inspector.forget_resume_link(tenant, session_id, task)
             log.warning("a resume link could not be kept (session %s): %s", session_id, str(exc).splitlines()[0])
 
     async def ready(self) -> bool:
