@@ -610,21 +610,26 @@ def fingerprints_of(messages: Sequence[Message]) -> list[int]:
 
 
 # A conversation first seen (a new process, another replica, a history edited before its end) is read from its
-# recent steps only, so its first request costs a bounded amount whatever its length: at least FIRST_SIGHT_TURNS
-# assistant turns (every rule completes within fewer: the longest, a cycle of 8 calls repeated 5 times, in 40),
-# then as far back as FIRST_SIGHT_MESSAGES messages or FIRST_SIGHT_CHARS characters of text reach. What the task
-# did before that window (an episode warned there, an error seen twice) is not counted.
-FIRST_SIGHT_TURNS = 50
+# recent steps only, so its first request costs a bounded amount whatever its length: at least the turns the
+# longest rule needs (the same 8 calls in order, 3 × TOOL_CALL_THRESHOLD rounds whatever their results, a
+# dynamic threshold 1.4 times that: `_rule_turns`), then as far back as FIRST_SIGHT_MESSAGES messages or
+# FIRST_SIGHT_CHARS characters of text reach. What the task did before that window (an episode warned there, an
+# error seen twice) is not counted.
 FIRST_SIGHT_MESSAGES = 1000
 FIRST_SIGHT_CHARS = 2_000_000
 
 
-def _window_start(messages: list[Message], end: int) -> int:
+def _rule_turns(config: DetectConfig) -> int:
+    """The most assistant turns any rule reads back: 102 at the default threshold of 3."""
+    return 34 * config.tool_call_threshold
+
+
+def _window_start(messages: list[Message], end: int, min_turns: int) -> int:
     """Where the recent steps before `end` begin, as far back as the first sight reads."""
     turns = chars = 0
     begin = end
     while begin > 0:
-        if turns >= FIRST_SIGHT_TURNS and (end - begin >= FIRST_SIGHT_MESSAGES or chars >= FIRST_SIGHT_CHARS):
+        if turns >= min_turns and (end - begin >= FIRST_SIGHT_MESSAGES or chars >= FIRST_SIGHT_CHARS):
             break
         begin -= 1
         message = messages[begin]
@@ -636,7 +641,7 @@ def _window_start(messages: list[Message], end: int) -> int:
 def _first_sight(config: DetectConfig, messages: list[Message], reset_at: int, settled: int) -> tuple[int, TaskState]:
     """Where the fold of a conversation not seen before begins, and the state it begins with: the task that
     message belongs to, named as a fold from the first message names it."""
-    begin = _window_start(messages, settled)
+    begin = _window_start(messages, settled, _rule_turns(config))
     if begin <= max(reset_at, 0):
         return 0, _new_task(config, messages, 0)
     while begin < settled and messages[begin].role == TOOL:
