@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from overhead import Served, free_port  # noqa: E402
+from page import ready  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -222,14 +223,8 @@ async def hostile_upstream(tmp: str) -> list[dict]:
     url = f"http://127.0.0.1:{port}/v1"
     results = []
     try:
+        await ready(f"http://127.0.0.1:{port}")
         async with aiohttp.ClientSession() as client:
-            for _ in range(100):
-                try:
-                    async with client.get(f"http://127.0.0.1:{port}/healthz") as ready:
-                        if ready.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    await asyncio.sleep(0.1)
             chat = orjson.dumps({"model": "m", "messages": MESSAGES})
             before = rss_mb(proxy.pid)
             for case, body in (("headers", chat), ("early", b"x" * 4_000_000)):
