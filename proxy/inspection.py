@@ -59,6 +59,7 @@ _NO_MODES: frozenset[str] = frozenset()
 # A session is named from its first messages (an agent's preamble and example conversation come before the
 # person's first prompt): never read further, so a long conversation first seen costs no more to name.
 OPENING_MESSAGES = 100
+KEPT_CALLS = 16384  # calls of kept answers remembered, for requests that name them rather than send them
 MODEL_CHARS = 256  # a model's name as every cache, span and column holds it (no real one is longer)
 
 
@@ -261,6 +262,8 @@ class Inspector:
         self._per_model: LRU = LRU(MODEL_POLICIES)
         self.resume_links = resume_links  # a stop names a link a person may open to let the session go on
         self._links: LRU = LRU(CACHED_SESSIONS)  # (tenant, session, task) -> its stop's link: (token, URL)
+        # (tenant, call id) -> the calls of the answers the service keeps, as this process relayed them
+        self._kept_calls: LRU = LRU(KEPT_CALLS)
 
     def remember_unseen(self, key: tuple[str, str], chant: UnseenChant) -> None:
         """A chant in a whole answer's reasoning: the session's next request is warned of it."""
@@ -295,10 +298,13 @@ class Inspector:
         cleaned = dialect.forwardable(payload)
         if cleaned is not None:  # a block the service would refuse (one the proxy cut) is left out
             payload, raw = cleaned, orjson.dumps(cleaned)
-        conversation: Conversation = dialect.read(payload, chain.messages if chain is not None else None)
-        messages = conversation.messages
         key_of_client = client_key(headers, incoming.query)
         tenant = tenant_of(key_of_client)
+        kept_calls = self._kept_calls
+        conversation: Conversation = dialect.read(
+            payload, chain.messages if chain is not None else None,
+            (lambda call_id: kept_calls.get((tenant, call_id))) if kept_calls else None)
+        messages = conversation.messages
         session_id = named_session(headers, chain, dialect.is_side_request(payload))
         fingerprints = None  # the messages', for the fold cache; taken here when they name the session
         if session_id is None:
@@ -378,8 +384,11 @@ class Inspector:
             conversation_id = chain.conversation_id if chain is not None else dialect.chain_ids(payload)[1]
             previous = chain.last_id if chain is not None else None
             record = self.keep
-            keep = lambda answer, response_id: record(  # noqa: E731
-                tenant, response_id, previous, conversation_id, session_id, sent + [answer])
+
+            def keep(answer: Message, response_id: str | None) -> None:
+                record(tenant, response_id, previous, conversation_id, session_id, sent + [answer])
+                for call in answer.calls:  # a later request may name them only (`item_reference`)
+                    self._kept_calls.put((tenant, call.id), call)
         # Recovery is measured only on warnings the model was given, and is the last episode of its task: the
         # model moved on when the loop's calls did not come back and it went on RECOVERY_TURNS turns, or (seen
         # in the answer) it ended the task with an answer of its own.

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from tests.fake_upstream import Turn
-from tests.responses_agent import ResponsesAgent
+from tests.responses_agent import TOOLS, ResponsesAgent
 
 CONTENT = "def main():\n    return load_config('settings.toml')\n"
 SENTENCE = "I will now check the configuration file once more. "
@@ -313,3 +313,31 @@ async def test_observe_mode_follows_a_chained_conversation(upstream, proxy_facto
     assert all(warnings_in(body) == [] for body in upstream.responses_requests)
     assert len(upstream.responses_requests) == 8
     await agent.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_calls_named_by_item_reference_are_read_as_the_calls_they_name(upstream, proxy_factory, stream):
+    """The AI SDK (Mastra's `openai(...)`) sends a kept response's calls back as `item_reference` items, with
+    `store` on and the whole input each time: the calls are the ones the proxy relayed, and the loop shows."""
+    proxy = await proxy_factory(upstream.url, preset="default")
+    client = openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-mastra", max_retries=0)
+    items: list[dict] = [{"role": "user", "content": "Fix the failing test."}]
+    for number in range(1, 5):
+        upstream.script.append(Turn(tool_calls=[("read_file", {"path": "src/app.py"})]))
+        kwargs = dict(model="gpt-test", input=items, tools=TOOLS, store=True)
+        if stream:
+            response = None
+            async for event in await client.responses.create(stream=True, **kwargs):
+                if event.type == "response.completed":
+                    response = event.response.to_dict()
+        else:
+            response = (await client.responses.create(**kwargs)).to_dict()
+        for item in response["output"]:
+            if item["type"] == "function_call":
+                items += [{"type": "item_reference", "id": item["id"]},
+                          {"type": "function_call_output", "call_id": item["call_id"], "output": CONTENT}]
+    # The 4th request carried the warning after the 3rd identical call, placed after its output.
+    fourth = upstream.responses_requests[3]
+    assert [text[:33] for _, _, text in warnings_in(fourth)] == ["[loopwarden] Loop detected (1/2):"]
+    assert [item.get("type") for item in fourth["input"]][-2:] == ["function_call_output", "message"]
+    await client.close()

@@ -82,3 +82,20 @@ def test_a_json_answer_is_its_output_items():
     assert responses.answer(answer) == Message("assistant", "Hi", (
         ToolCall("c3", "local_shell", '{"command":["ls"]}'),))
     assert responses.max_output_tokens({"max_output_tokens": 64}) == 64
+
+
+def test_a_result_whose_call_is_only_named_gets_the_kept_call_before_it():
+    from proxy.conversation import Message, ToolCall
+    from proxy.wire.responses import ResponsesDialect
+
+    kept = {"call_1": ToolCall("call_1", "read_file", '{"path":"a.py"}')}
+    payload = {"input": [{"role": "user", "content": "go"}, {"type": "item_reference", "id": "fc_1"},
+                         {"type": "function_call_output", "call_id": "call_1", "output": "x = 1"},
+                         {"type": "item_reference", "id": "fc_2"},
+                         {"type": "function_call_output", "call_id": "call_2", "output": "unknown"}]}
+    read = ResponsesDialect.read(payload, None, kept.get)
+    assert read.messages == [Message("user", "go"), Message("assistant", calls=(kept["call_1"],)),
+                             Message("tool", "x = 1", call_id="call_1"), Message("tool", "unknown", call_id="call_2")]
+    # a warning after the named call's result goes after that result's item
+    assert [anchor.item for anchor in read.anchors] == [1, 2, 3, 5]
+    assert ResponsesDialect.read(payload).messages[1] == Message("tool", "x = 1", call_id="call_1")  # as before

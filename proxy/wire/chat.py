@@ -111,7 +111,7 @@ class ChatDialect(OpenAIDialect):
         return "messages" in body
 
     @staticmethod
-    def read(payload: dict, history: list[Message] | None = None) -> Conversation:
+    def read(payload: dict, history: list[Message] | None = None, kept_call=None) -> Conversation:
         """The request's messages: a chat request always carries its whole conversation (`history` unused)."""
         messages = payload.get("messages")
         if messages is None:

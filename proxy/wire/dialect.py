@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import functools
 
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import orjson
 from yarl import URL
 
-from proxy.conversation import Conversation, Message, RequestError  # noqa: F401 (the dialects raise it)
+from proxy.conversation import Conversation, Message, RequestError, ToolCall  # noqa: F401 (the dialects raise it)
 
 # An upstream key as a dialect sends it: the lowercase names of the client's headers it replaces, the header's
 # name and its value.
@@ -68,8 +68,11 @@ class Dialect(Protocol):
         """The configured upstream key as this dialect's key travels: the (lowercase) names of the client's
         headers it replaces, and the header that carries it. None: the client's own key goes up."""
 
-    def read(self, payload: dict, history: list[Message] | None = None) -> Conversation:
-        """The request's conversation (`history`: what a chained request continues). Raises RequestError."""
+    def read(self, payload: dict, history: list[Message] | None = None,
+             kept_call: Callable[[str], ToolCall | None] | None = None) -> Conversation:
+        """The request's conversation (`history`: what a chained request continues; `kept_call`: a call, by its
+        id, of an answer the service keeps, for a request that names it rather than sending it). Raises
+        RequestError."""
 
     def with_warnings(self, payload: dict, conversation: Conversation, warnings: list[tuple[int, str, str]]) -> dict:
         """The request with each warning (place, role, text) inserted before the neutral message at its place."""

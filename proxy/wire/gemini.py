@@ -158,7 +158,7 @@ class GeminiDialect(DialectDefaults):
         return None
 
     @staticmethod
-    def read(payload: dict, history: list[Message] | None = None) -> Conversation:
+    def read(payload: dict, history: list[Message] | None = None, kept_call=None) -> Conversation:
         contents = payload.get("contents")
         if contents is None:
             contents = []

@@ -140,7 +140,7 @@ class MessagesDialect(DialectDefaults):
         return None
 
     @staticmethod
-    def read(payload: dict, history: list[Message] | None = None) -> Conversation:
+    def read(payload: dict, history: list[Message] | None = None, kept_call=None) -> Conversation:
         """Its system prompt, then its messages' blocks as neutral messages."""
         raw = payload.get("messages")
         if raw is None:

@@ -11,7 +11,7 @@ type are forwarded untouched and ignored for detection. A conversation continued
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from proxy.conversation import ASSISTANT, TOOL, USER, Anchor, Conversation, Message, Messages, ToolCall, \
     arguments_text, insert_placed, text_of
@@ -47,9 +47,12 @@ def _output_text(output: Any) -> str:
     return text_of(output)
 
 
-def read_items(items: list, into: Messages) -> None:
-    """Input items as neutral messages, each anchored just past its last item."""
+def read_items(items: list, into: Messages, kept_call: Callable[[str], ToolCall | None] | None = None) -> None:
+    """Input items as neutral messages, each anchored just past its last item. A result whose call the input
+    only names (an `item_reference`, as the AI SDK sends a kept response's call) gets that call, when
+    `kept_call` knows it, as the assistant's turn before it."""
     turn_open = False  # the last message is an assistant turn that further call items join
+    called = {call.id for message in into.messages for call in message.calls} if kept_call is not None else ()
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             continue
@@ -62,6 +65,8 @@ def read_items(items: list, into: Messages) -> None:
             into.add(message, Anchor(index + 1))
             turn_open = message.role == ASSISTANT
         elif kind in CALL_TYPES:
+            if kept_call is not None:
+                called.add(_call_id(item))
             if turn_open:
                 last = into.messages[-1]
                 into.messages[-1] = Message(ASSISTANT, last.text, last.calls + (tool_call(item),))
@@ -70,7 +75,11 @@ def read_items(items: list, into: Messages) -> None:
                 into.add(Message(ASSISTANT, calls=(tool_call(item),)), Anchor(index + 1))
                 turn_open = True
         elif kind in OUTPUT_TYPES:
-            into.add(Message(TOOL, _output_text(item.get("output")), call_id=_call_id(item)), Anchor(index + 1))
+            call_id = _call_id(item)
+            if kept_call is not None and call_id not in called and (call := kept_call(call_id)) is not None:
+                into.add(Message(ASSISTANT, calls=(call,)), Anchor(index))  # the call it named, just before
+                called.add(call_id)
+            into.add(Message(TOOL, _output_text(item.get("output")), call_id=call_id), Anchor(index + 1))
             turn_open = False
         # reasoning, item_reference and the rest: not part of the conversation the rules read
 
@@ -89,7 +98,7 @@ class ResponsesDialect(OpenAIDialect):
         return "input" in body and "messages" not in body
 
     @staticmethod
-    def read(payload: dict, history: list[Message] | None = None) -> Conversation:
+    def read(payload: dict, history: list[Message] | None = None, kept_call=None) -> Conversation:
         """Its instructions (the system prompt), what the chain before it held (`history`), then its own input
         items. Only the input items are the request's own: they are what a warning can be inserted among, and
         what the service will keep."""
@@ -103,7 +112,7 @@ class ResponsesDialect(OpenAIDialect):
         if isinstance(raw_input, str):
             own.add(Message(USER, raw_input), Anchor(1))
         elif isinstance(raw_input, list):
-            read_items(raw_input, own)
+            read_items(raw_input, own, kept_call)
         elif raw_input is not None:
             raise RequestError("'input' must be a string or an array of items")
         return Conversation(own.messages, own_start, own.anchors)
