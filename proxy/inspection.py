@@ -170,6 +170,8 @@ class Facts(Protocol):
     def session_seen(self, tenant: str, session_id: str, message_count: int, model: str | None,
                      agent: str | None = None, title: str | None = None) -> None: ...
 
+    def resume_link_issued(self, token: str, tenant: str, session_id: str, task: str) -> None: ...
+
 
 @dataclass
 class Incoming:
@@ -202,9 +204,6 @@ class Stop:
     body: bytes
     headers: dict[str, str]
     status: int = 400
-    # A resume link first named by this stop, to be kept before the answer goes out: (token, tenant, session,
-    # task). A later stop of the same task names the same link.
-    new_link: tuple[str, str, str, str] | None = None
 
 
 class Forward:
@@ -246,8 +245,8 @@ class Inspector:
     """Per-process inspection state: what is remembered per session and the settings resolved per model."""
 
     def __init__(self, settings: Settings, facts: Facts | None, sink: EpisodeSink, judging: bool = False,
-                 keep: Callable[..., None] | None = None, is_judge: Callable[[Mapping[str, str]], bool] = None,
-                 resume_links: bool = False) -> None:
+                 keep: Callable[..., None] | None = None, is_judge: Callable[[Mapping[str, str]], bool] = None
+                 ) -> None:
         self.settings = settings
         self.config = DetectConfig.from_settings(settings)
         self.facts = facts
@@ -260,7 +259,6 @@ class Inspector:
         # (tenant, first two message fingerprints) -> (fingerprints of the messages the id was read from, the id)
         self._openings: LRU = LRU(CACHED_SESSIONS)
         self._per_model: LRU = LRU(MODEL_POLICIES)
-        self.resume_links = resume_links  # a stop names a link a person may open to let the session go on
         self._links: LRU = LRU(CACHED_SESSIONS)  # (tenant, session, task) -> its stop's link: (token, URL)
         # (tenant, call id) -> the calls of the answers the service keeps, as this process relayed them
         self._kept_calls: LRU = LRU(KEPT_CALLS)
@@ -352,10 +350,9 @@ class Inspector:
             # A stop saves at least the request it refused (or, observed, would have refused).
             self.sink.episode(context, stop, "stopped", None, len(raw) // 4)
             if not observe:
-                link, new_link = self._resume_link(tenant, session_id, state.key, incoming.origin)
+                link = self._resume_link(tenant, session_id, state.key, incoming.origin)
                 return Stop(stop, dialect.error_body(stop_text(stop, link), "loop_detected", "loop_detected"),
-                            {**answer_headers, "X-Loopwarden-Loop": stop.type, "x-should-retry": "false"},
-                            new_link=new_link)
+                            {**answer_headers, "X-Loopwarden-Loop": stop.type, "x-should-retry": "false"})
 
         body = raw
         warnings = decision.warnings
@@ -416,23 +413,19 @@ class Inspector:
 
         return Forward(body, answer_headers, tap, judge)
 
-    def _resume_link(self, tenant: str, session_id: str, task: str, origin: str
-                     ) -> tuple[str | None, tuple[str, str, str, str] | None]:
-        """The stopped task's resume link, and, when this stop names it first, what to keep of it."""
-        if not self.resume_links:
-            return None, None
+    def _resume_link(self, tenant: str, session_id: str, task: str, origin: str) -> str | None:
+        """The stopped task's resume link (the same for each of its stops), kept in the log when first drawn;
+        None where nothing is logged, so no link could be used."""
+        if self.facts is None:
+            return None
         key = (tenant, session_id, task)
         known = self._links.get(key)
-        if known is not None:
-            return known[1], None
-        token = secrets.token_urlsafe(24)
-        url = f"{(self.settings.public_url or origin).rstrip('/')}/loopwarden/resume/{token}"
-        self._links.put(key, (token, url))
-        return url, (token, tenant, session_id, task)
-
-    def forget_resume_link(self, tenant: str, session_id: str, task: str) -> None:
-        """A link that could not be kept: the task's next stop draws a new one."""
-        self._links.pop((tenant, session_id, task), None)
+        if known is None:
+            token = secrets.token_urlsafe(24)
+            known = (token, f"{(self.settings.public_url or origin).rstrip('/')}/loopwarden/resume/{token}")
+            self._links.put(key, known)
+            self.facts.resume_link_issued(token, tenant, session_id, task)
+        return known[1]
 
     def resume_url(self, tenant: str, session_id: str, task: str) -> str | None:
         """The link a stop of this task named, if this process named one."""

@@ -21,12 +21,16 @@ class Facts:
         self.reset_at_message = 0
         self.seen: list[tuple] = []
         self.named: list[tuple] = []
+        self.links: list[tuple] = []
 
     def controls(self, tenant, session_id):
         return self
 
     def judge_checks(self, tenant, session_id, task):
         return []
+
+    def resume_link_issued(self, token, tenant, session_id, task):
+        self.links.append((session_id, task))
 
     def session_seen(self, tenant, session_id, message_count, model, agent=None, title=None):
         self.seen.append((session_id, message_count, model))
@@ -180,3 +184,13 @@ def test_an_answer_is_read_as_of_its_request_when_the_next_request_came_first():
     assert third.headers["X-Loopwarden-Warning"] == "1/2 content"
     sent = orjson.loads(third.body)["messages"]
     assert sent[len(second)]["content"].startswith("[loopwarden] ") and len(sent) == len(second) + 3
+
+
+def test_every_stop_of_a_task_names_one_link_kept_once():
+    facts = Facts()
+    checking = inspector(facts)
+    request = incoming(looping(7))
+    stops = [checking.inspect(request) for _ in range(3)]  # the agent retrying its stopped request
+    assert all(isinstance(stop, Stop) for stop in stops)
+    assert len({stop.body for stop in stops}) == 1 and b"/loopwarden/resume/" in stops[0].body
+    assert [session for session, _ in facts.links] == ["s1"]  # drawn and kept once

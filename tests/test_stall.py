@@ -12,7 +12,8 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.detect import engine, normalize
+from proxy import agents
+from proxy.detect import engine, normalize, text_steps
 from proxy.detect.engine import DetectConfig, episodes
 from tests.convo import analyze, assistant, conversation, neutral, step, user
 
@@ -21,7 +22,8 @@ from tests.convo import analyze, assistant, conversation, neutral, step, user
 BOUND_S = 1.0
 SIZE = 100_000
 RUNS = ["0", "7", "1.", "1:", "1-", "1 ", " ", "\t", "\n", ".", ":", "-", "=", "/", "\\", "a1", "f", "x1", "id ",
-        "ID: ", "pid ", "\x1b[", "\x1b]", "line 1", "Error ", "FAILED ", "1 failed, ", "a(", "a:1", " in ", "T1"]
+        "ID: ", "pid ", "\x1b[", "\x1b]", "line 1", "Error ", "FAILED ", "1 failed, ", "a(", "a:1", " in ", "T1",
+        "[", "]", "a[", "]x", "\nAction: ", "Action 1: a[", "Observation 1: ", "Current Task: ", "<session_context>"]
 PREFIXES = ["", "Error: ", "Traceback (most recent call last)\n", "id: ", "line 1", "exit code ", "FAILED ", "= "]
 
 
@@ -35,7 +37,8 @@ def adversarial() -> list[str]:
 
 
 @pytest.mark.parametrize("read", [normalize.mask, normalize.is_error_form, normalize.canonical_arguments,
-                                  normalize.excerpt], ids=lambda read: read.__name__)
+                                  normalize.excerpt, text_steps.read_actions, text_steps.observation_text,
+                                  agents.title_of], ids=lambda read: read.__name__)
 def test_each_masking_and_error_form_reading_is_linear_on_long_runs(read):
     slowest = (0.0, "")
     for text in adversarial():

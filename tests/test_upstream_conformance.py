@@ -6,6 +6,7 @@ connection that holds part of an earlier answer carries another request."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import io
 import time
 from typing import Awaitable, Callable
@@ -181,8 +182,11 @@ async def test_an_upgrade_is_refused_not_followed():
             await ours(upstream.url)
 
 
+GZIPPED = gzip.compress(b"hello")
+
+
 @pytest.mark.parametrize("codings, framed", [
-    (b"gzip, chunked", b"5\r\nhello\r\n0\r\n\r\n"),
+    (b"gzip, chunked", b"%x\r\n%b\r\n0\r\n\r\n" % (len(GZIPPED), GZIPPED)),
     (b"chunked, identity", b"hello"),  # chunked is not the last coding: the body ends with the connection
 ])
 @pytest.mark.parametrize("client", CLIENTS)
@@ -192,12 +196,11 @@ async def test_transfer_encoding_is_read_by_its_last_coding(codings, framed, cli
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: %b\r\n\r\n%b" % (codings, framed))
         await writer.drain()
 
-    if client == "aiohttp" and codings.startswith(b"gzip"):
-        pytest.skip("aiohttp's client decodes the gzip coding itself; the framing is the point here")
     call, _ = CLIENTS[client]
     async with RawUpstream(serve) as upstream:
         status, body = await asyncio.wait_for(call(upstream.url), READ_TIMEOUT * 3)
-    assert (status, body) == (200, b"hello")
+    # The framing is the point: ours relays the gzip coding as it came, aiohttp's client may decode it.
+    assert status == 200 and (body == b"hello" or gzip.decompress(body) == b"hello")
 
 
 def early_answer(close: bool) -> Handler:

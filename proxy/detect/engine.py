@@ -879,11 +879,11 @@ class ResponseWatcher:
         still unknown."""
         if self.episode is not None:
             return None
+        text, was_cut = model_text(message)
         calls = [make_call(call, {}) for call in message.calls] or \
-            [text_call(action, None) for action in read_actions(model_text(message)[0]) or ()]
+            [text_call(action, None) for action in read_actions(text) or ()]
         if not calls and self._turn.end_text():
             return self._content_episode()
-        text, was_cut = model_text(message)
         self._turn.reply(text if not calls and not was_cut else None)
         place = self._turn.message_index + 1
         found = self._turn.tool_calls(calls, place)

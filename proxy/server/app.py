@@ -174,8 +174,6 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
     except RequestError as exc:
         return _refused(dialect, str(exc), "invalid_value")
     if isinstance(verdict, Stop):
-        if verdict.new_link is not None:  # kept before the answer names it (stops are rare: awaited)
-            await guard.keep_resume_link(*verdict.new_link)
         if span is not None:
             Telemetry.answered(span, verdict.headers, None, verdict.status)
         return web.Response(status=verdict.status, body=verdict.body, content_type="application/json",

@@ -114,7 +114,7 @@ class Guard:
                       ) if settings.llm_check and store is not None else None
         self.inspector = Inspector(settings, store, self.episodes,
                                    judging=judge is not None, keep=self.chain.keep if store is not None else None,
-                                   is_judge=is_judge, resume_links=store is not None)
+                                   is_judge=is_judge)
         self.judges = JudgeScheduler(settings, judge, store, metrics, self.inspector.config.judge_confirm) \
             if judge is not None else None
         if self.alerts is not None:
@@ -135,15 +135,6 @@ class Guard:
         if self.alerts is not None:
             await asyncio.sleep(0)  # the alerts of the last batch written are queued on this loop's next turn
             await self.alerts.close(min(self.settings.shutdown_grace, 5.0))
-
-    async def keep_resume_link(self, token: str, tenant: str, session_id: str, task: str) -> None:
-        """A stop's resume link, kept before its answer names it; a database that cannot take it leaves that link
-        unusable (the task's next stop names a new one), never the stop unanswered."""
-        try:
-            await self.store.save_resume_link(token, tenant, session_id, task)
-        except Exception as exc:  # noqa: BLE001 - the stop is answered whatever the log's state
-            self.inspector.forget_resume_link(tenant, session_id, task)
-            log.warning("a resume link could not be kept (session %s): %s", session_id, str(exc).splitlines()[0])
 
     async def ready(self) -> bool:
         return True if self.store is None else await self.store.ready()

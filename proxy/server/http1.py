@@ -414,9 +414,11 @@ async def _tunnel(loop: asyncio.AbstractEventLoop, via: ForwardProxy, host: str,
         answer = b""
         while b"\r\n\r\n" not in answer:  # the proxy's head only: nothing follows it before the tunnel is used
             data = await loop.sock_recv(sock, 4096)
-            if not data or len(answer) > MAX_FIELD:
+            if not data:
                 raise OSError(f"the forward proxy {via.shown()} closed the tunnel before answering")
             answer += data
+            if len(answer) > MAX_FIELD and b"\r\n\r\n" not in answer:
+                raise OSError(f"the forward proxy {via.shown()} answered the tunnel with a head over {MAX_FIELD} bytes")
         status_line = answer.split(b"\r\n", 1)[0].decode("latin-1")
         if status_line.split(" ")[1:2] != ["200"]:
             raise OSError(f"the forward proxy {via.shown()} refused the tunnel to {authority}: {status_line[:200]}")

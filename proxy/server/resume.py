@@ -43,8 +43,8 @@ def routes(guard: Guard) -> list[web.RouteDef]:
     store = guard.store
 
     async def stop_of(link: dict) -> str:
-        """The message of the stop the link answers (the latest of its task)."""
-        await store.writer.flush()  # the stop may be this replica's, and still on its way to the table
+        """The message of the stop the link answers (the latest of its task; the log is flushed by the lookup of
+        the link before it)."""
         async with store.engine.connect() as connection:
             row = (await connection.execute(
                 select(Detection).where(Detection.tenant == link["tenant"], Detection.session_id == link["session_id"],

@@ -343,15 +343,15 @@ class Store:
 
     # -- resume links: a person lets a stopped session go on -------------------------------------------------------
 
-    async def save_resume_link(self, token: str, tenant: str, session_id: str, task: str) -> None:
-        """Keep a stop's resume link (its hash only) before the stop's answer names it."""
-        async with self.engine.begin() as connection:
-            await connection.execute(ResumeLink.__table__.insert().values(
-                token_hash=token_hash(token), tenant=tenant, task=task, created_at=utcnow(),
-                session_id=clean.column_text(SessionRow, "session_id", session_id)))
+    def resume_link_issued(self, token: str, tenant: str, session_id: str, task: str) -> None:
+        """A stop named a resume link: its hash goes to the log with the stop's own record."""
+        self.writer.add_resume_link({"token_hash": token_hash(token), "tenant": tenant, "session_id": session_id,
+                                     "task": task, "created_at": utcnow(), "used_at": None})
 
     async def resume_link(self, token: str) -> dict | None:
-        """What a link would resume: its session, task and whether it was used; None for a token never issued."""
+        """What a link would resume: its session, task and whether it was used; None for a token never issued.
+        (A link this replica named moments ago may still be in the log's buffer: written first.)"""
+        await self.writer.flush()
         async with self.engine.connect() as connection:
             row = (await connection.execute(select(ResumeLink).where(
                 ResumeLink.token_hash == token_hash(token)))).first()

@@ -19,7 +19,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
 
 from proxy.store import clean, rollup
 from proxy.store.database import create_engine, dialect_insert, ping
-from proxy.store.models import DeadLetter, Detection, JudgeCheckRow, ResponseRow, SessionRow
+from proxy.store.models import DeadLetter, Detection, JudgeCheckRow, ResponseRow, ResumeLink, SessionRow
 
 log = logging.getLogger("loopwarden.store")
 
@@ -109,6 +109,7 @@ class LogWriter:
         self._insert_detections = dialect_insert(dialect, Detection).on_conflict_do_nothing(
             index_elements=["episode_key"]).returning(*rollup.COUNTED, Detection.episode_key)
         self._insert_checks = dialect_insert(dialect, JudgeCheckRow)
+        self._insert_links = dialect_insert(dialect, ResumeLink)
         self._insert_responses = dialect_insert(dialect, ResponseRow).on_conflict_do_nothing(
             index_elements=["tenant", "response_id"])
         self._mark_recovered = update(Detection).where(
@@ -142,6 +143,9 @@ class LogWriter:
 
     def add_response(self, values: dict) -> None:
         self._add({"table": ResponseRow, "values": clean.row(ResponseRow, values)})
+
+    def add_resume_link(self, values: dict) -> None:
+        self._add({"table": ResumeLink, "values": clean.row(ResumeLink, values)})
 
     def add_recovery(self, values: dict) -> None:
         """Mark a task's episode as answered by a model that moved on (b_tenant, b_session_id, b_task,
@@ -356,6 +360,9 @@ class LogWriter:
             checks = [r["values"] for r in rows if r["table"] is JudgeCheckRow]
             recoveries = [r["values"] for r in rows if r["table"] == "recovered"]
             responses = [r["values"] for r in rows if r["table"] is ResponseRow]
+            links = [r["values"] for r in rows if r["table"] is ResumeLink]
+            if links:
+                await connection.execute(self._insert_links, links)
             if responses:
                 await connection.execute(self._insert_responses, responses)
             inserted = []
