@@ -161,3 +161,15 @@ async def test_a_link_one_replica_names_is_opened_on_another(upstream, proxy_fac
     status, _ = await fetch("POST", link, confirm=confirmation_in(page))
     assert status == 200
     await agent.close()
+
+
+async def test_a_link_for_a_long_unusual_session_id_lands_in_either_database(upstream, proxy_factory, database_url):
+    proxy = await proxy_factory(upstream.url, database_url=database_url)
+    session = "<night run> & 'quotes' " + "x" * 300  # cut to its column, shown escaped
+    agent = Agent(proxy.url, headers={"X-Loopwarden-Session": session})
+    link = await stopped(agent, upstream)
+    status, page = await fetch("GET", link)
+    assert status == 200 and "&lt;night run&gt; &amp; &#x27;quotes&#x27;" in page and "<night run>" not in page
+    status, _ = await fetch("POST", link, confirm=confirmation_in(page))
+    assert status == 200
+    await agent.close()
