@@ -153,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"loopwarden: {exc}", file=sys.stderr)
         return EXIT_RUNTIME
     except Exception as exc:  # one line, no traceback: --log-level debug shows it
+        if _stop_asked:  # the stop's SystemExit, wrapped by the code it cut (an import, a descriptor)
+            return 0
         logging.getLogger("loopwarden").debug("command failed", exc_info=True)
         first = str(exc).strip().splitlines()
         print(f"loopwarden: {type(exc).__name__}: {first[0] if first else ''}", file=sys.stderr)
@@ -188,7 +190,12 @@ async def _settle_heap(app) -> None:
     gc.set_threshold(*COLLECTOR_THRESHOLDS)
 
 
+_stop_asked = False
+
+
 def _stop_before_serving(signum, frame) -> None:
+    global _stop_asked
+    _stop_asked = True
     raise SystemExit(0)
 
 
@@ -203,7 +210,13 @@ def _serve(settings: Settings, *, migrate: bool) -> int:
     if migrate:
         from proxy.store.database import run_migrations
 
-        run_migrations(settings.database_url)
+        # A stop asked for mid-migration waits for it to finish: cut inside a step, the schema change
+        # would be rolled back with a traceback. The stop is delivered as soon as the mask is lifted.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            run_migrations(settings.database_url)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     app = create_app(settings)
     app.on_startup.append(_settle_heap)
     from proxy.store.database import describe
