@@ -409,7 +409,8 @@ class Inspector:
                        # After an observed would-be stop, the task logs nothing more.
                        deliver=decision.logged() if stop is None else [],
                        keep=keep, cut_notice=settings.cut_notice, observe=observe,
-                       read_reasoning=dialect.reasoning)
+                       read_reasoning=dialect.reasoning,
+                       resume_link=lambda: self._resume_link(tenant, session_id, state.key, incoming.origin))
 
         return Forward(body, answer_headers, tap, judge)
 
@@ -451,7 +452,8 @@ class Tap:
                  sink: EpisodeSink, context: Context, watcher: ResponseWatcher, max_completion: int, *,
                  warned: Episode | None, unseen: Callable[[UnseenChant], None] | None = None,
                  deliver: list[tuple[Episode, str]], keep: Callable[[Message, str | None], None] | None,
-                 cut_notice: bool, observe: bool, read_reasoning: Callable[[dict], str] | None = None) -> None:
+                 cut_notice: bool, observe: bool, read_reasoning: Callable[[dict], str] | None = None,
+                 resume_link: Callable[[], str | None] = lambda: None) -> None:
         self._stream = stream  # a stream's assembler, made when a stream comes (most answers are not streamed)
         self._assembler_made: StreamAssembler | None = None
         self._read_answer = read_answer
@@ -466,6 +468,7 @@ class Tap:
         self._keep = keep  # the whole answer, for a conversation the service keeps
         self._cut_notice = cut_notice
         self._observe = observe  # find and log a chant, but let the stream run on
+        self._resume_link = resume_link  # drawn only when the stream ends in a stop
         self._parser: SSEParser | None = None
         self.request_id: str | None = None
         self.persist_pending = False  # an answer the service keeps was recorded: write it before the last byte
@@ -552,7 +555,8 @@ class Tap:
         saved = self._saved()
         if episode.is_stop and not assembler.stop_is_cut:
             self._sink.episode(self.context, episode, "stopped", self.request_id, saved)
-            return assembler.stop_ending(error_object(stop_text(episode), "loop_detected", "loop_detected"))
+            return assembler.stop_ending(error_object(stop_text(episode, self._resume_link()), "loop_detected",
+                                                      "loop_detected"))
         notice = cut_notice(episode) if self._cut_notice else None
         action = "stopped" if episode.is_stop else "cut"
         # With the notice, later requests show the cut was served (and logged) here: the row is this response's.

@@ -4,6 +4,7 @@ not, warned, stopped and cut like chat completions; chained conversations follow
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import aiohttp
@@ -122,6 +123,12 @@ async def test_a_stop_reached_mid_stream_raises_loop_detected(upstream, proxy_fa
     with pytest.raises(openai.APIError) as caught:
         await agent.turn()
     assert caught.value.code == "loop_detected" and "Loop detected" in caught.value.message
+    # The stop's message carries the way back, as a stop refused before the request does.
+    link = re.search(r"open (http://\S+/loopwarden/resume/[\w-]+)", caught.value.message)
+    assert link, caught.value.message
+    async with aiohttp.ClientSession() as http:
+        async with http.get(link.group(1)) as page:
+            assert page.status == 200 and "Resume the session" in await page.text()
     await agent.close()
 
 
