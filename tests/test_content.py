@@ -390,6 +390,59 @@ def test_a_line_of_one_repeated_symbol_restarts_the_tracking_like_a_divider(matc
     assert first_chant([sentence] * 9 + ["a line of prose\n"] + [sentence] * 9, matcher()) is not None
 
 
+# Out of the windows' reach: a short line said over and over, a long block repeated, a degenerate run.
+
+def test_a_short_line_said_over_and_over_is_chanting(matcher):
+    found = matcher()
+    position = next(i for i, delta in enumerate(["OK.\n"] * 12) if found.feed(delta) is not None)
+    assert position == 9  # the 10th time, CONTENT_LOOP_THRESHOLD
+    tracker = matcher()
+    chants = [tracker.feed(delta) for delta in ["I will try again.\n", "\n"] * 10]
+    assert [c for c in chants if c] == [content_rule.Chant("I will try again.", 10)]
+    assert first_chant(["OK.\n"] * 9 + ["Done with that.\n"] + ["OK.\n"] * 9, matcher()) is None
+    # A list item, heading or table row starts the tracking afresh, as for the windows.
+    assert first_chant(["- OK\n"] * 15, matcher()) is None
+    assert first_chant(["| ok | ok |\n"] * 15, matcher()) is None
+
+
+LONG_LINES = ["I open the settings module again to compare each field with the schema it must follow.\n",
+              "The loader reads the file from the working directory, not from the path given on the command line.\n",
+              "So the values in the test fixture never reach the parser, and the defaults are used instead.\n",
+              "Let me check whether the environment variable overrides the path before the loader runs at all.\n",
+              "If it does, the fixture should set it, and the assertion about the timeout would then hold.\n",
+              "I will look at how the configuration object is built in the application factory to be sure.\n"]
+
+
+def test_a_block_of_lines_repeated_three_times_back_to_back_is_chanting(matcher):
+    block = "".join(LONG_LINES)  # 600 characters: its repeats are too far apart for the windows
+    assert first_chant([block] * 2, matcher()) is None
+    tracker = matcher()
+    found = [tracker.feed(line) for line in LONG_LINES * 3]
+    assert found.index(next(c for c in found if c)) == 17  # the last line of the third copy
+    chant = next(c for c in found if c)
+    assert chant.occurrences == 3 and chant.repeated.startswith("I open the settings") and chant.repeated.count("\n") == 5
+    # A block of four lines, or copies with a line changed, are not.
+    assert first_chant(LONG_LINES[:4] * 4, matcher()) is None
+    changed = LONG_LINES[:5] + ["This time I read the schema first, then the settings module.\n"]
+    assert first_chant(LONG_LINES + changed + LONG_LINES, matcher()) is None
+
+
+@pytest.mark.parametrize("unit", ["!", "=-", "?!", "0", "…", "ha ", "<br>", "-+-+-+-*"])
+def test_a_degenerate_run_of_any_unit_is_chanting(matcher, unit):
+    times = -(-2000 // len(unit))
+    # Inside code, where the windows count nothing, at DEGENERATE_CHARS; as a line of its own, by then at the
+    # latest (a divider's shape is counted by nothing else; a line of prose is by the windows, sooner).
+    assert first_chant(["```\n"] + [unit] * times, matcher()) == times
+    assert first_chant(["```\n"] + [unit] * (1990 // len(unit)) + ["\n"], matcher()) is None
+    assert 0 < first_chant([unit] * times, matcher()) <= times
+
+
+def test_a_degenerate_run_across_code_lines_is_chanting_and_long_dividers_are_not(matcher):
+    assert first_chant(["```\n"] + ["0\n"] * 1200, matcher()) == 1000
+    assert first_chant(["-" * 1500 + "\n", "Next part.\n"] * 4, matcher()) is None
+    assert first_chant([" " * 5000, "\t" * 3000, "\n" * 3000], matcher()) is None  # blank is never chanting
+
+
 # The two matchers: the compiled one held to the plain one (the rule as written), call by call.
 
 FRAGMENTS = ["ab", "ab ", "ba", "a", "b", " ", "   ", "\t", "\n", "\n\n", "\r\n", "again ", "check the file. ",
@@ -469,6 +522,20 @@ def test_the_matchers_agree_on_long_text_split_anywhere(text, size_and_threshold
     for bound in sorted({c for c in cuts if c < len(text)}) + [len(text)]:
         same_step(pair, lambda tracker: tracker.feed(text[start:bound]))
         start = bound
+    same_step(pair, lambda tracker: tracker.end_message())
+
+
+@needs_compiled
+@given(st.lists(st.tuples(st.sampled_from(["```\n", "!", "=-", "ab", "0\n", " ", "\n", "x!", "-" * 40]),
+                          st.integers(min_value=1, max_value=700)), max_size=12),
+       st.integers(min_value=1, max_value=9))
+@settings(max_examples=200, deadline=None)
+def test_the_matchers_agree_on_degenerate_runs(pieces, step):
+    # Runs near DEGENERATE_CHARS of short units, in and out of code, broken by prose, fed in any steps.
+    text = "".join(piece * times for piece, times in pieces)
+    pair = (_content.ContentTracker(), PureTracker())
+    for start in range(0, len(text), step * 97):
+        same_step(pair, lambda tracker: tracker.feed(text[start:start + step * 97]))
     same_step(pair, lambda tracker: tracker.end_message())
 
 

@@ -16,7 +16,9 @@ this matcher and the plain one to the same verdicts.
 import os
 
 from proxy.detect import content_rule as rule
-from proxy.detect.content_rule import _DIVIDER_CHARS, _HEADING, _LIST_NUMBER, CLASSIFY_WITHIN, GAP_CHUNKS, Chant
+from proxy.detect.content_rule import (_DIVIDER_CHARS, _HEADING, _LIST_NUMBER, BLOCK_COPIES, BLOCK_LINES,
+                                       CLASSIFY_WITHIN, DEGENERATE_CHARS, GAP_CHUNKS, LINE_LIMIT, MAX_BLOCK_LINES,
+                                       SHOWN_LINE, Chant)
 
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_4BYTE_KIND, PyUnicode_FromKindAndData
@@ -52,6 +54,13 @@ cdef uint64_t MODULUS = (1ULL << 61) - 1
 # full), but text crafted to collide cannot slow the index down.
 cdef uint64_t BASE = (1ULL << 20) + int.from_bytes(os.urandom(8), "little") % (MODULUS - (1ULL << 21))
 cdef Py_ssize_t INITIAL_CAPACITY = 64  # most text before a tool call is short
+# The degenerate runs' longest unit, as a C constant (the rule's, checked below).
+cdef enum:
+    UNIT = 8
+if UNIT != rule.DEGENERATE_UNIT:
+    raise ImportError("the compiled content matcher's degenerate unit differs from proxy.detect.content_rule's")
+cdef Py_ssize_t RUN_CHARS = DEGENERATE_CHARS
+cdef Py_ssize_t MOST_LINES = MAX_BLOCK_LINES
 
 
 def classify(str line, bint complete, bint in_code):
@@ -147,6 +156,15 @@ cdef class ContentTracker:
     cdef bint in_code
     cdef bint muted  # the rest of a message that already chanted is not counted again
     cdef bint last_blank  # the last counted character was white space: a run of it counts as one
+    # Line rules (as the rule keeps them).
+    cdef list parts
+    cdef Py_ssize_t parts_length
+    cdef list lines, shown
+    cdef list same_lines
+    # Degenerate runs: the last UNIT characters read (`recent_count` of them) and the runs per unit length.
+    cdef Py_UCS4 recent[UNIT]
+    cdef Py_ssize_t recent_count
+    cdef Py_ssize_t periods[UNIT + 1]
 
     def __init__(self, int chunk_size=50, int threshold=10, max_threshold=None):
         cdef int i
@@ -163,6 +181,8 @@ cdef class ContentTracker:
         self.line = ""
         self.kind = UNKNOWN
         self.last_blank = True
+        self.parts, self.parts_length = [], 0
+        self.lines, self.shown, self.same_lines = [], [], [0] * (MAX_BLOCK_LINES + 1)
 
     def __dealloc__(self):
         self._release()
@@ -187,10 +207,26 @@ cdef class ContentTracker:
             memcpy(other.windows, self.windows, self.length * sizeof(Window))
             memcpy(other.heads, self.heads, (self.head_mask + 1) * sizeof(int64_t))
             other.length = self.length
+        other.parts, other.parts_length = self.parts[:], self.parts_length
+        other.lines, other.shown, other.same_lines = self.lines[:], self.shown[:], self.same_lines[:]
+        other.recent, other.recent_count, other.periods = self.recent, self.recent_count, self.periods
         return other
 
     def reset(self):
-        """Start the tracking afresh (a structural line or a tool call)."""
+        """Start all the tracking afresh (a tool call, a chant found)."""
+        self._restart_windows()
+        self.parts, self.parts_length = [], 0
+        self.lines, self.shown, self.same_lines = [], [], [0] * (MAX_BLOCK_LINES + 1)
+        self._break_run()
+
+    cdef inline void _break_run(self) noexcept:
+        cdef Py_ssize_t p
+        self.recent_count = 0
+        for p in range(UNIT + 1):
+            self.periods[p] = 0
+
+    cdef void _restart_windows(self) noexcept:
+        """Start the windows afresh (a structural line)."""
         # Offsets go on rising, so nothing indexed so far can be mistaken for new text; the
         # arrays are given back (a session idle after a tool call holds none).
         self.base += self.length
@@ -217,6 +253,8 @@ cdef class ContentTracker:
             return None
         if PROSE <= self.kind <= STRUCTURE and not _has_newline(text):
             found = self._count(text)  # the usual delta: more of a line already known to count
+            if self.kind == PROSE:
+                self._add_part(text)
         else:
             found = self._feed_lines(text)
         if found is not None:
@@ -245,18 +283,95 @@ cdef class ContentTracker:
             if kind == FENCE:
                 self.in_code = not self.in_code
             if kind in (STRUCTURE, DIVIDER, FENCE):
-                self.reset()
+                self._restart_windows()
             if kind in (PROSE, STRUCTURE):
                 found = self._count(self.line)
+            else:
+                found = self._degenerate(self.line)
+            if kind == PROSE:
+                self._add_part(self.line)
             self.line = ""
         elif self.kind in (PROSE, STRUCTURE):
             found = self._count(part)
+            if self.kind == PROSE:
+                self._add_part(part)
+        else:
+            found = self._degenerate(part)
         if complete:
-            if found is None and self.kind in (PROSE, STRUCTURE):
-                found = self._count("\n")
+            if found is None:
+                found = self._count("\n") if self.kind in (PROSE, STRUCTURE) else self._degenerate("\n")
+            repeated = self._end_line()
+            found = found or repeated
             self.kind = UNKNOWN
             self.line = ""
         return found
+
+    cdef void _add_part(self, str part):
+        self.parts_length += len(part)
+        if self.parts_length <= LINE_LIMIT:
+            self.parts.append(part)
+        else:
+            self.parts = []
+
+    cdef object _end_line(self):
+        """A line is complete: the line rules, as `content_rule` states them."""
+        cdef int kind = self.kind
+        parts, too_long = self.parts, self.parts_length > LINE_LIMIT
+        self.parts, self.parts_length = [], 0
+        line = None
+        if kind == PROSE and not too_long:
+            line = "".join(parts).strip(" \t\r")
+            if not line:
+                return None
+        return self._add_line(line)
+
+    cdef object _add_line(self, line):
+        cdef list lines = self.lines, same = self.same_lines
+        cdef Py_ssize_t count = len(lines), b
+        for b in range(1, min(count, MOST_LINES) + 1):
+            same[b] = same[b] + 1 if line is not None and lines[count - b] == line else 0
+        for b in range(count + 1, MOST_LINES + 1):
+            same[b] = 0
+        lines.append(line)
+        self.shown.append(line[:SHOWN_LINE] if line is not None else "")
+        if count + 1 > MOST_LINES:
+            del lines[0], self.shown[0]
+        if line is not None and len(line) < self.chunk_size and same[1] + 1 >= max(self.threshold, 2):
+            return Chant(line, same[1] + 1)
+        for b in range(BLOCK_LINES, MOST_LINES + 1):
+            if same[b] >= (BLOCK_COPIES - 1) * b:
+                return Chant("\n".join(self.shown[-b:]), same[b] // b + 1)
+        return None
+
+    cdef object _degenerate(self, str text):
+        """Read text the windows do not count for a degenerate run."""
+        cdef Py_UCS4 c
+        cdef Py_ssize_t p, seen, last, i
+        cdef bint near
+        for c in text:
+            seen = self.recent_count
+            last = seen if seen < UNIT else UNIT
+            near = False
+            for p in range(1, last + 1):
+                if self.recent[(seen - p) % UNIT] == c:
+                    near = True
+                    break
+            if not near:
+                for p in range(1, UNIT + 1):
+                    self.periods[p] = 0
+            else:
+                for p in range(1, last + 1):
+                    if self.recent[(seen - p) % UNIT] != c:
+                        self.periods[p] = 0
+                        continue
+                    self.periods[p] += 1
+                    if self.periods[p] + p >= RUN_CHARS:
+                        unit = "".join([chr(self.recent[(seen - p + 1 + i) % UNIT]) for i in range(p - 1)]) + chr(c)
+                        if unit.strip():
+                            return Chant(unit, (self.periods[p] + p) // p)
+            self.recent[seen % UNIT] = c
+            self.recent_count = seen + 1
+        return None
 
     cdef object _count(self, str text):
         """Append counted text, indexing and checking every window it completes.
@@ -265,6 +380,8 @@ cdef class ContentTracker:
         break, so indentation and empty lines are never chanting, and no window is blank."""
         cdef Py_UCS4 c
         cdef Py_ssize_t window
+        if self.recent_count:  # counted text breaks a degenerate run
+            self._break_run()
         for c in text:
             if c == u" " or c == u"\n" or c == u"\t" or c == u"\r":
                 if self.last_blank:

@@ -24,8 +24,18 @@ Both give the same verdict at the same `feed` call, whatever the text and howeve
    `max_threshold`, plus a window) and then drops its oldest half: an occurrence older than what is kept
    is no longer linked to.
 
+6. Lines. Each complete prose line, stripped of its surrounding white space, is compared with the lines
+   before it (blank lines are skipped; a line of any other kind, or longer than LINE_LIMIT, matches nothing
+   and so breaks what runs): the same line shorter than `chunk_size` `threshold` times back to back is
+   chanting (`OK.` over and over, out of the windows' reach), and so is a block of BLOCK_LINES to
+   MAX_BLOCK_LINES lines repeated BLOCK_COPIES times back to back (a block too long for the windows' gap).
+7. Degenerate runs. The text the windows do not count (dividers, fences, code, with their line breaks) is
+   read character by character, each compared with the DEGENERATE_UNIT characters before it: a unit of 1 to
+   DEGENERATE_UNIT characters, not all white space, repeated back to back over DEGENERATE_CHARS characters
+   is chanting (no divider is that long). Counted text breaks the run (there the windows see a run first).
+
 After a chant the tracking restarts and the rest of that message is not counted: a message completes at
-most one chant. A tool call or a structural line also restarts it (`reset`).
+most one chant. A tool call restarts all of it (`reset`); a structural line restarts the windows only.
 """
 
 from __future__ import annotations
@@ -37,6 +47,16 @@ from collections import namedtuple
 # before it is classified no matter what follows.
 GAP_CHUNKS = 5
 CLASSIFY_WITHIN = 256
+# The line rules: the longest line compared, and the blocks looked for. A longer line matches nothing.
+LINE_LIMIT = 2000
+BLOCK_LINES = 5
+MAX_BLOCK_LINES = 40
+BLOCK_COPIES = 3
+SHOWN_LINE = 200  # of a line kept to show the block it is part of
+# Degenerate runs: the longest unit, and how long its run must be.
+DEGENERATE_UNIT = 8
+DEGENERATE_CHARS = 2000
+_NO_RUNS = [0] * DEGENERATE_UNIT
 
 Chant = namedtuple("Chant", "repeated occurrences")
 Chant.__doc__ = "The text that repeats (one period, or the chunk) and how often its window occurs in the text kept."
@@ -113,7 +133,8 @@ class ContentTracker:
     window. A character costs one dictionary look-up and update, whatever the length of the text."""
 
     __slots__ = ("_chunk_size", "threshold", "_max_threshold", "_keep", "_chars", "_previous", "_runs",
-                 "_latest", "_window", "_base", "_line", "_kind", "_in_code", "_muted", "_last_blank")
+                 "_latest", "_window", "_base", "_line", "_kind", "_in_code", "_muted", "_last_blank",
+                 "_parts", "_parts_length", "_lines", "_shown", "_same_lines", "_recent", "_periods")
 
     def __init__(self, chunk_size: int = 50, threshold: int = 10, max_threshold: int | None = None):
         if chunk_size < 1:
@@ -134,6 +155,17 @@ class ContentTracker:
         self._in_code = False
         self._muted = False  # the rest of a message that already chanted is not counted again
         self._last_blank = True  # the last counted character was white space: a run of it counts as one
+        # Line rules: the current prose line's pieces, the last MAX_BLOCK_LINES lines (None: a line that matches
+        # nothing) with what is shown of each, and per block length b the lines in a row equal to the one b before.
+        self._parts: list[str] = []
+        self._parts_length = 0
+        self._lines: list[str | None] = []
+        self._shown: list[str] = []
+        self._same_lines = [0] * (MAX_BLOCK_LINES + 1)
+        # Degenerate runs: the last DEGENERATE_UNIT characters fed, and per unit length p how many characters
+        # in a row equal the one p before.
+        self._recent = ""
+        self._periods = [0] * (DEGENERATE_UNIT + 1)
 
     @property
     def chunk_size(self) -> int:
@@ -145,10 +177,20 @@ class ContentTracker:
         other._base, other._window, other._last_blank = self._base, self._window, self._last_blank
         other._chars, other._previous, other._runs = self._chars[:], self._previous[:], self._runs[:]
         other._latest = dict(self._latest)
+        other._parts, other._parts_length = self._parts[:], self._parts_length
+        other._lines, other._shown, other._same_lines = self._lines[:], self._shown[:], self._same_lines[:]
+        other._recent, other._periods = self._recent, self._periods[:]
         return other
 
     def reset(self) -> None:
-        """Start the tracking afresh (a structural line or a tool call)."""
+        """Start all the tracking afresh (a tool call, a chant found)."""
+        self._restart_windows()
+        self._parts, self._parts_length = [], 0
+        self._lines, self._shown, self._same_lines = [], [], [0] * (MAX_BLOCK_LINES + 1)
+        self._recent, self._periods = "", [0] * (DEGENERATE_UNIT + 1)
+
+    def _restart_windows(self) -> None:
+        """Start the windows afresh (a structural line)."""
         # Offsets go on rising, so nothing indexed so far can be mistaken for new text.
         self._base += len(self._chars)
         self._chars, self._previous, self._runs, self._latest = [], [], [], {}
@@ -173,6 +215,8 @@ class ContentTracker:
             return None
         if (self._kind == PROSE or self._kind == STRUCTURE) and "\n" not in text:
             found = self._count(text)  # the usual delta: more of a line already known to count
+            if self._kind == PROSE:
+                self._add_part(text)
         else:
             found = self._feed_lines(text)
         if found is not None:
@@ -201,21 +245,93 @@ class ContentTracker:
             if kind == FENCE:
                 self._in_code = not self._in_code
             if kind in (STRUCTURE, DIVIDER, FENCE):
-                self.reset()
+                self._restart_windows()
             if kind in (PROSE, STRUCTURE):
                 found = self._count(self._line)
+            else:
+                found = self._degenerate(self._line)
+            if kind == PROSE:
+                self._add_part(self._line)
             self._line = ""
         elif self._kind in (PROSE, STRUCTURE):
             found = self._count(part)
+            if self._kind == PROSE:
+                self._add_part(part)
+        else:
+            found = self._degenerate(part)
         if complete:
-            if found is None and self._kind in (PROSE, STRUCTURE):
-                found = self._count("\n")
+            if found is None:
+                found = self._count("\n") if self._kind in (PROSE, STRUCTURE) else self._degenerate("\n")
+            repeated = self._end_line()
+            found = found or repeated
             self._kind = UNKNOWN
             self._line = ""
         return found
 
+    def _add_part(self, part: str) -> None:
+        """Keep a piece of the current prose line, up to LINE_LIMIT characters (a longer line matches nothing)."""
+        self._parts_length += len(part)
+        if self._parts_length <= LINE_LIMIT:
+            self._parts.append(part)
+        else:
+            self._parts = []
+
+    def _end_line(self) -> Chant | None:
+        """A line is complete: the line rules (a short line said over and over, a block repeated). A blank
+        line is skipped; a line other than prose, or too long to compare, matches nothing."""
+        kind, parts, too_long = self._kind, self._parts, self._parts_length > LINE_LIMIT
+        self._parts, self._parts_length = [], 0
+        line = None
+        if kind == PROSE and not too_long:
+            line = "".join(parts).strip(" \t\r")
+            if not line:
+                return None
+        return self._add_line(line)
+
+    def _add_line(self, line: str | None) -> Chant | None:
+        lines, same = self._lines, self._same_lines
+        count = len(lines)
+        for b in range(1, min(count, MAX_BLOCK_LINES) + 1):
+            same[b] = same[b] + 1 if line is not None and lines[count - b] == line else 0
+        for b in range(count + 1, MAX_BLOCK_LINES + 1):
+            same[b] = 0
+        lines.append(line)
+        self._shown.append(line[:SHOWN_LINE] if line is not None else "")
+        if count + 1 > MAX_BLOCK_LINES:
+            del lines[0], self._shown[0]
+        # The same short line back to back: itself and the `threshold - 1` before it.
+        if line is not None and len(line) < self._chunk_size and same[1] + 1 >= max(self.threshold, 2):
+            return Chant(line, same[1] + 1)
+        for b in range(BLOCK_LINES, MAX_BLOCK_LINES + 1):
+            if same[b] >= (BLOCK_COPIES - 1) * b:
+                return Chant("\n".join(self._shown[-b:]), same[b] // b + 1)
+        return None
+
+    def _degenerate(self, text: str) -> Chant | None:
+        """Read text the windows do not count for a degenerate run."""
+        recent, periods, most = self._recent, self._periods, DEGENERATE_UNIT
+        joined = recent + text
+        for i in range(len(recent), len(joined)):
+            c = joined[i]
+            if c not in joined[max(0, i - most):i]:  # most characters: no unit goes on here
+                periods[1:] = _NO_RUNS
+                continue
+            for p in range(1, min(i, most) + 1):
+                if joined[i - p] != c:
+                    periods[p] = 0
+                    continue
+                periods[p] += 1
+                if periods[p] + p >= DEGENERATE_CHARS:
+                    unit = joined[i - p + 1:i + 1]
+                    if unit.strip():
+                        return Chant(unit, (periods[p] + p) // p)
+        self._recent = joined[-most:]
+        return None
+
     def _count(self, text: str) -> Chant | None:
         """Append counted text, indexing and testing every window it completes."""
+        if self._recent:  # counted text breaks a degenerate run
+            self._recent, self._periods = "", [0] * (DEGENERATE_UNIT + 1)
         size, threshold, most = self._chunk_size, self.threshold, 2 * self._keep
         chars, previous, runs, latest = self._chars, self._previous, self._runs, self._latest
         window, blank, base = self._window, self._last_blank, self._base

@@ -145,7 +145,9 @@ class TaskState:
     anchored: bool = False  # the task's first assistant turn has been seen (and named the run)
     findings: list[Finding] = field(default_factory=list)
     turn_places: list[tuple[int, int, int]] = field(default_factory=list)  # per turn: (message index, step, place)
-    harness: set[bytes] = field(default_factory=set)  # masked user texts that answered the assistant in this task
+    # Masked user texts that answered the assistant in this conversation: the harness talking, should they come
+    # again (an environment's `Nothing happens.`, a role-play's same review), not a person opening a new task.
+    harness: set[bytes] = field(default_factory=set)
     # When a user text answering the assistant's text opened this task: the task before, as it was before that
     # assistant message, the message's index, and the text's harness key. Should the same text (numbers aside)
     # answer the assistant again, it was the harness all along, and the two are one task.
@@ -188,8 +190,15 @@ def _task_key(messages: list[Message], start: int) -> str:
     return digest(f"{start}\x00{opener}").hex()[:16]
 
 
-def _new_task(config: DetectConfig, messages: list[Message], start: int) -> TaskState:
-    return TaskState(start, _task_key(messages, start), ToolTracker(), config.new_content_tracker())
+HARNESS_KEPT = 1024  # the harness's texts a conversation remembers (a long one's person prompts stay out)
+
+
+def _new_task(config: DetectConfig, messages: list[Message], start: int,
+              before: "TaskState | None" = None) -> TaskState:
+    """A task starting at `start`; it knows the harness's texts the conversation met before it."""
+    harness = set(before.harness) if before is not None and len(before.harness) < HARNESS_KEPT else set()
+    return TaskState(start, _task_key(messages, start), ToolTracker(), config.new_content_tracker(),
+                     harness=harness)
 
 
 def _tool_results(messages: list[Message], after: int) -> tuple[dict[str, tuple[str, bool]], int]:
@@ -511,7 +520,7 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
     while j < end:
         message = messages[j]
         if j == reset_at and j > 0:
-            state = _new_task(config, messages, j)
+            state = _new_task(config, messages, j, state)
         role = message.role
         if message.injected:
             j += 1
@@ -521,7 +530,7 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
                 j += own  # the agent's own preamble or note, and the reply it recorded: no task, no turn
                 continue
             text = message.text
-            state = _new_task(config, messages, j + 1)
+            state = _new_task(config, messages, j + 1, state)
             if opening is not None and opening[1] == j:
                 state.before = (opening[0], opening[2], _harness_key(text))
                 state.harness.add(state.before[2])  # if it comes again, it is the harness talking
@@ -573,7 +582,7 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
         else:
             j += 1  # system, developer, stray tool results
     if end == reset_at and state.start < reset_at:
-        state = _new_task(config, messages, reset_at)
+        state = _new_task(config, messages, reset_at, state)
     state.tools.settle()  # the messages may be gone by the next request
     return state
 
