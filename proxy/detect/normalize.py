@@ -72,6 +72,8 @@ _TOOL_FAILURE = re.compile(
       | FAILED\x20\((?:failures|errors)=\d                        # unittest
       | Tests?:?\x20+[1-9]\d*\x20failed\b                          # jest: Tests: 1 failed; vitest: Tests  1 failed
       | ---\x20FAIL:\x20 | FAIL(?:[\t\x20]+\S|$)                     # go test; jest's FAIL src/a.test.js
+      | [1-9]\d*\x20fail(?:ing)?$                                  # bun test: 3 fail; mocha: 3 failing
+      | [\#\u2139]\x20fail\x20[1-9]                                  # node --test: `# fail 1` (TAP), `ℹ fail 1`
       | test\x20result:\x20FAILED                                 # cargo test
       | (?:\[ERROR\]\x20)?Tests\x20run:\x20\d+,\x20Failures:\x20(?:[1-9]|0,\x20Errors:\x20[1-9])  # Surefire
       | (?:\[\w+\]\x20)?BUILD\x20FAIL(?:URE|ED)\b                  # Maven, Gradle
