@@ -66,6 +66,37 @@ AIDER_FAILED = ("# 1 SEARCH/REPLACE block failed to match!\n\n## SearchReplaceNo
                 "    return parse(value.strip())\n>>>>>>> REPLACE\n\nThe SEARCH section must exactly match an existing "
                 "block of lines including all white space, comments, indentation, docstrings, etc\n")
 
+# Cline's, Roo Code's and Kilo Code's XML tools, as their system prompts describe them and their harness answers.
+CLINE_READ = "<thinking>\nThe parser lives in src/app.py.\n</thinking>\n<read_file>\n<path>src/app.py</path>\n</read_file>"
+CLINE_RESULT = ("[read_file for 'src/app.py'] Result:\ndef parse(value):\n    return int(value)\n\n<environment_details>\n"
+                "# Current Time\n{time}\n</environment_details>")
+CLINE_NO_TOOL = ("[ERROR] You did not use a tool in your previous response! Please retry with a tool use.\n\n"
+                 "# Reminder: Instructions for Tool Use\n\nTool uses are formatted using XML-style tags.")
+
+
+def test_cline_style_xml_tools_are_read_and_html_is_not():
+    assert read_actions(CLINE_READ) == [TextAction("read_file", "<path>src/app.py</path>")]
+    assert read_actions("<execute_command><command>npm test</command></execute_command>") == [
+        TextAction("execute_command", "<command>npm test</command>")]
+    assert read_actions("The page:\n<div>\n<p>hello</p>\n</div>") is None  # no HTML element is snake case
+    assert is_observation(CLINE_RESULT.format(time="5/1/2026, 10:00:00 AM")) and is_observation(CLINE_NO_TOOL)
+    assert not is_observation("[Note] I changed my mind: read the tests first.")
+
+
+def test_a_cline_style_agent_reading_the_same_file_is_warned_and_its_results_start_no_task():
+    steps = [(CLINE_READ, CLINE_RESULT.format(time=f"5/1/2026, 10:0{i}:00 AM")) for i in range(5)]
+    assert kinds(chat("Fix the parser.", steps[:4])) == []
+    assert kinds(chat("Fix the parser.", steps)) == [(1, "tool_call", False)]
+    state, _ = analyze(DEFAULT, chat("Fix the parser.", steps))
+    assert state.start == 2 and state.turns == 5
+
+
+def test_a_cline_style_agent_answering_without_a_tool_again_and_again():
+    replies = ["Here is the plan: read the parser, then fix it.", "I will start with the parser module.",
+               "The fix belongs in parse(); the tests come after."]
+    steps = [(reply, CLINE_NO_TOOL) for reply in replies]
+    assert kinds(chat("Fix the parser.", steps)) == [(1, "tool_error", False)]
+
 
 def test_each_format_reads_its_action():
     _, llama = recorded_steps("llamaindex_react")

@@ -309,7 +309,9 @@ def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) 
     actions = read_actions(text)
     if at is not None:
         answer = messages[at].text
-        if actions and is_observation(answer):
+        if is_observation(answer):
+            # A text the harness answered is a step, an action or not (Cline's `[ERROR] You did not use a tool`).
+            actions = actions or [TextAction("reply", mask(text)[:2000])]
             answer = without_reminder(answer, system_text(messages))
             observation, failed = observation_text(answer), observation_failed(answer)
             return [text_call(action, observation, failed) for action in actions], at + 1

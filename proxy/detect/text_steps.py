@@ -2,7 +2,8 @@
 
 Many agents never send a native tool call. They write the action in their text (ReAct's `Action:`,
 smolagents' `Calling tools:` and `<code>` blocks, SWE-agent's and mini-swe-agent's fenced command,
-Aider's SEARCH/REPLACE blocks) and their harness answers with a user message (`Observation: ...`).
+Aider's SEARCH/REPLACE blocks, Cline's, Roo Code's and Kilo Code's XML tags) and their harness answers with
+a user message (`Observation: ...`, `[read_file for 'a.py'] Result:`).
 DSPy's ReAct sends the whole trajectory inside one user message. Each function here reads one
 format, learned from the requests those agents send; the engine turns what they find into steps,
 the same steps a native tool call and its result make. Pure code, no I/O.
@@ -38,6 +39,11 @@ _FENCE = re.compile(r"^```([\w+-]*)[ \t]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _DSPY_FIELD = re.compile(r"\[\[ ## (\w+) ## \]\]\n(.*?)(?=\n\n\[\[ ## |\n*\Z)", re.DOTALL)
 _AIDER_BLOCK = re.compile(r"^(\S[^\n]*)\n(?:```[^\n]*\n)?<<<<<<< SEARCH\n(.*?)^=======\n(.*?)^>>>>>>> REPLACE",
                           re.MULTILINE | re.DOTALL)
+# Cline, Roo Code and Kilo Code with XML tools: the tool is a tag opening a line, its parameters tags inside it.
+# Their tools are named in snake case (`read_file`, `execute_command`), which no HTML element is.
+_XML_OPEN = re.compile(r"^<([a-z][a-z0-9]*_[a-z0-9_]{1,62})>", re.MULTILINE)
+_XML_TRIED = 8  # the opening tags tried for their closing one (each search reads the rest of the text)
+_NOT_TOOLS = frozenset({"thinking", "think", "environment_details", "task", "feedback", "answer", "result"})
 _SHELL_LANGUAGES = frozenset({"", "bash", "sh", "shell", "console", "zsh", "mswea_bash_command"})
 _PYTHON_LANGUAGES = frozenset({"py", "python", "python3"})
 
@@ -124,6 +130,18 @@ def _aider(text: str) -> list[TextAction] | None:
             for path, search, replace in blocks]
 
 
+def _xml_tool(text: str) -> list[TextAction] | None:
+    """Cline's, Roo Code's and Kilo Code's XML tool use: `<read_file>\n<path>a.py</path>\n</read_file>`."""
+    if "</" not in text:
+        return None
+    for match in itertools.islice(_XML_OPEN.finditer(text), _XML_TRIED):
+        name = match.group(1)
+        end = text.find(f"</{name}>", match.end()) if name not in _NOT_TOOLS else -1
+        if end >= 0:
+            return [TextAction(name, _arguments(text[match.end():end].strip()))]
+    return None
+
+
 def _dspy_answer(text: str) -> list[TextAction] | None:
     """DSPy ReAct's answer: `next_tool_name` and `next_tool_args` fields."""
     if "[[ ## next_tool_name ## ]]" not in text:
@@ -133,7 +151,7 @@ def _dspy_answer(text: str) -> list[TextAction] | None:
     return [TextAction(name, _arguments(fields.get("next_tool_args", "")))] if name else None
 
 
-_READERS = (_smolagents, _dspy_answer, _react, _aider, _code, _fenced)
+_READERS = (_smolagents, _dspy_answer, _react, _aider, _code, _xml_tool, _fenced)
 
 
 def read_actions(text: str) -> list[TextAction] | None:
@@ -151,6 +169,10 @@ def read_actions(text: str) -> list[TextAction] | None:
 
 _OBSERVATION_STARTS = ("Observation:", "OBSERVATION:", "Error:\n", "<returncode>", "<exception>", "Call id:")
 _OBSERVATION_FRAME = re.compile(r"(?:Observation|OBSERVATION)(?:\x20\d+)?:")  # `Observation 3:` numbers the step
+# Cline's, Roo Code's and Kilo Code's answer to a tool written in XML, and their error when no tool was written.
+_XML_RESULT = re.compile(r"\[[a-z][a-z0-9_]{0,63}(?:\x20for\x20[^\n]{0,300}?)?\]\x20Result:")
+_XML_HARNESS_ERROR = "[ERROR] You did not use a tool in your previous response!"
+
 _SWE_AGENT_TAIL = re.compile(r"\(Current directory: [^\n]*\)\s*(?:bash-\$)?\s*\Z")
 
 
@@ -158,6 +180,8 @@ def is_observation(text: str) -> bool:
     """A user message the harness wrote to answer an action written in text, not a person's."""
     head = text.lstrip()[:64]
     if head.startswith(_OBSERVATION_STARTS) or _OBSERVATION_FRAME.match(head):
+        return True
+    if head.startswith("[") and (head.startswith(_XML_HARNESS_ERROR[:40]) or _XML_RESULT.match(text.lstrip()[:400])):
         return True
     if "SEARCH/REPLACE block" in head and "failed to match" in text[:200]:
         return True  # Aider: `# 1 SEARCH/REPLACE block failed to match!`
@@ -168,7 +192,8 @@ def is_observation(text: str) -> bool:
 def observation_failed(text: str) -> bool:
     """An observation whose harness frame says the action failed (beyond what its text's form says)."""
     head = text.lstrip()[:200]
-    return head.startswith("<exception>") or ("SEARCH/REPLACE block" in head and "failed to match" in head)
+    return head.startswith(("<exception>", _XML_HARNESS_ERROR)) or ("SEARCH/REPLACE block" in head
+                                                                      and "failed to match" in head)
 
 
 def observation_text(text: str) -> str:
