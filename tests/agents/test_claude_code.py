@@ -20,14 +20,14 @@ pytestmark = pytest.mark.skipif(not CLAUDE.exists() and not REQUIRE_AGENTS,
                                 reason="Claude Code is not installed (make agents-check installs it with npm)")
 
 
-async def run_claude(root: str, prompt: str, workdir: Path) -> tuple[int, str]:
+async def run_claude(root: str, prompt: str, workdir: Path, *more: str) -> tuple[int, str]:
     if not CLAUDE.exists():
         pytest.fail(f"no Claude Code at {CLAUDE}: make agents-check installs it with npm")
     env = {"PATH": os.environ["PATH"], "HOME": str(workdir), "ANTHROPIC_BASE_URL": root,
            "ANTHROPIC_API_KEY": "sk-ant-any-key", "DISABLE_AUTOUPDATER": "1",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
     process = await asyncio.create_subprocess_exec(
-        str(CLAUDE), "-p", prompt, "--bare", "--allowedTools", "Bash", cwd=workdir, env=env,
+        str(CLAUDE), "-p", prompt, "--bare", "--allowedTools", "Bash", *more, cwd=workdir, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     output, _ = await asyncio.wait_for(process.communicate(), timeout=120)
     return process.returncode, output.decode()
@@ -78,6 +78,27 @@ async def test_claude_code_is_warned_twice_then_stopped(upstream, proxy_factory,
     assert (stats["sessions_affected"], stats["warned_tasks"], stats["recovered_tasks"]) == (1, 1, 0)
     assert sum(stats["by_model"].values()) == 3
     assert sum(timeline["series"]["tool_call"]) == 3
+
+
+async def test_claude_code_stopped_goes_on_once_its_resume_link_is_used(upstream, proxy_factory, tmp_path):
+    running = await proxy_factory(upstream.url, anthropic_upstream_url=upstream.url)
+    upstream.responder = responder("loop", "Bash", {"command": "ls", "description": "List the files"}, None)
+    status, output = await run_claude(running.root, "List the files here", tmp_path)
+    assert status == 1 and "[loopwarden] Loop detected" in output, output
+    link = re.search(r"open (http://\S+/loopwarden/resume/[\w-]+)", output).group(1)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(link) as page:  # what the person sees: the session, and the button
+            text = await page.text()
+            assert page.status == 200 and "Resume the session" in text
+        confirm = re.search(r"name=confirm value=(\w+)", text).group(1)
+        async with http.post(link, data={"confirm": confirm}) as page:
+            assert page.status == 200 and "Resumed" in await page.text()
+    # The same conversation, continued: its next request goes through, with a fresh warning budget.
+    before = len(turns(upstream))
+    upstream.responder = responder("answer", "Bash", {}, None, content="The folder is empty.")
+    status, output = await run_claude(running.root, "Go on", tmp_path, "--continue")
+    assert status == 0 and "The folder is empty." in output, output
+    assert len(turns(upstream)) == before + 1 and warnings(turns(upstream)[-1]) == []
 
 
 async def test_claude_code_chanting_ends_with_the_notice_and_is_not_resumed(upstream, proxy_factory, tmp_path):
