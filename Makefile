@@ -13,6 +13,10 @@ AI_SDK := ai@7.0.173 @ai-sdk/openai-compatible@3.0.92 @ai-sdk/anthropic@4.0.105 
 OPENCODE := opencode-ai@1.18.33
 QWEN_CODE := @qwen-code/qwen-code@0.24.4
 CODEX := @openai/codex@0.169.0
+# Cline's CLI (a compiled binary) and Mastra with the AI SDK's OpenAI provider it was built with (zod 3, in a
+# folder of its own: the AI SDK above wants zod 4). tests/agents/test_cline_mastra.py.
+CLINE := cline@3.0.65
+MASTRA := @mastra/core@0.24.9 @ai-sdk/openai@2.0.131 zod@3.25.76
 
 .PHONY: serve test bench migrate clean agents-check test-tools
 
@@ -80,9 +84,10 @@ $(AGENTS_STAMP): pyproject.toml setup.py proxy/detect/_content.pyx Makefile
 	@if command -v npm >/dev/null 2>&1; then \
 		mkdir -p $(AGENTS_VENV)/node && cd $(AGENTS_VENV)/node && \
 		npm install --silent --no-audit --no-fund --save-exact $(CLAUDE_CODE) $(GEMINI_CLI) $(AI_SDK) $(OPENCODE) \
-			$(QWEN_CODE) $(CODEX); \
+			$(QWEN_CODE) $(CODEX) $(CLINE) && \
+		mkdir -p ../mastra && cd ../mastra && npm install --silent --no-audit --no-fund --save-exact $(MASTRA); \
 	else echo "npm is missing: the checks of the npm clients (Claude Code, Gemini CLI, the AI SDK, OpenCode, Qwen Code," \
-		"Codex CLI) will not run (install Node.js and npm)"; fi
+		"Codex CLI, Cline, Mastra) will not run (install Node.js and npm)"; fi
 	touch $@
 
 agents-check: $(AGENTS_STAMP)
