@@ -98,6 +98,23 @@ def test_a_cline_style_agent_answering_without_a_tool_again_and_again():
     assert kinds(chat("Fix the parser.", steps)) == [(1, "tool_error", False)]
 
 
+# CrewAI's text tools (a model without function calling): the harness writes the result into the assistant's
+# own message, and answers every step with the same nudge.
+CREWAI_STEP = 'Thought: I need the job\'s state.\nAction: job_status\nAction Input: {{"id": "j1"}}\nObservation: {state}'
+CREWAI_NUDGE = ("Analyze the tool result. If requirements are met, provide the Final Answer. Otherwise, call the "
+                "next tool. Deliver only the answer without meta-commentary.")
+
+
+def test_crewai_text_tools_take_the_result_from_the_assistants_message_not_the_nudge():
+    polling = [(CREWAI_STEP.format(state=f"running, {10 * i}% done"), CREWAI_NUDGE) for i in range(8)]
+    assert kinds(chat("Wait for job j1.", polling)) == []  # the result changes every time: progress
+    stuck = [(CREWAI_STEP.format(state="queued"), CREWAI_NUDGE)] * 6
+    found = kinds(chat("Wait for job j1.", stuck))
+    assert found and found[0][1] == "tool_call"
+    state, _ = analyze(DEFAULT, chat("Wait for job j1.", stuck))
+    assert state.turns >= 5  # after its first time, the nudge started no task
+
+
 def test_each_format_reads_its_action():
     _, llama = recorded_steps("llamaindex_react")
     assert read_actions(llama[0][0]) == [TextAction("read_file", '{"path":"a.txt"}')]

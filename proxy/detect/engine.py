@@ -20,6 +20,7 @@ from proxy.detect.judge_policy import JudgeCheck
 from proxy.detect.normalize import canonical_arguments, digest, excerpt, is_error_form, is_unchanged_read, mask
 from proxy.detect.text_steps import (
     TextAction,
+    inline_observation,
     is_agent_preamble,
     is_agent_reply,
     is_observation,
@@ -307,8 +308,13 @@ def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) 
     the earlier messages, which the agent sends without it)."""
     at = _user_answer(messages, j)
     actions = read_actions(text)
+    inline = inline_observation(text) if actions else None
     if at is not None:
         answer = messages[at].text
+        if inline is not None and not is_observation(answer):
+            # The result is in the assistant's message; the user's is the harness's nudge once it is known.
+            calls = [text_call(action, inline) for action in actions]
+            return calls, (at + 1 if state.harness and _harness_key(answer) in state.harness else j + 1)
         if is_observation(answer):
             # A text the harness answered is a step, an action or not (Cline's `[ERROR] You did not use a tool`).
             actions = actions or [TextAction("reply", mask(text)[:2000])]
@@ -319,7 +325,7 @@ def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) 
             # The harness repeating itself (a format error): what it answers is the step, failed.
             actions = actions or [TextAction("reply", mask(text)[:2000])]
             return [text_call(action, harness_form(answer), marked=True) for action in actions], at + 1
-    return [text_call(action, None) for action in actions or ()], j + 1
+    return [text_call(action, inline) for action in actions or ()], j + 1
 
 
 def _may_open_task(state: "TaskState", messages: list[Message], j: int) -> int | None:

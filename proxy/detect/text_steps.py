@@ -93,6 +93,17 @@ def _react(text: str) -> list[TextAction] | None:
     return [TextAction(name, _arguments(arguments))]
 
 
+def inline_observation(text: str) -> str | None:
+    """The observation a harness wrote into the assistant's own ReAct message, after its action (CrewAI's
+    text tools: `Action: ...\nAction Input: ...\nObservation: <result>`, then the same nudge as the user's
+    message every step), or None."""
+    match = _REACT_ACTION.search(text) if "\nObservation:" in text else None
+    if match is None:
+        return None
+    at = text.find("\nObservation:", match.start())
+    return text[at + len("\nObservation:"):].strip() if at >= 0 else None
+
+
 def _code(text: str) -> list[TextAction] | None:
     """smolagents' CodeAgent: a `<code>` block (a fenced Python block is read by `_fenced`)."""
     if "<code>" in text:
