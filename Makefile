@@ -18,7 +18,7 @@ CODEX := @openai/codex@0.169.0
 CLINE := cline@3.0.65
 MASTRA := @mastra/core@0.24.9 @ai-sdk/openai@2.0.131 zod@3.25.76
 
-.PHONY: serve test bench migrate clean agents-check test-tools
+.PHONY: serve test bench migrate clean agents-check agents-frameworks test-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -94,10 +94,23 @@ agents-check: $(AGENTS_STAMP)
 	$(AGENTS_VENV)/bin/python -m pytest -q tests/agents -W ignore::ResourceWarning \
 		-W ignore::pytest.PytestUnraisableExceptionWarning
 
+# CrewAI and the OpenHands SDK (tests/agents/test_frameworks.py): environments of their own, large (about 1 GB
+# and 700 MB) and slow to install (about 5 minutes), so not part of `make test`. OpenHands needs Python 3.12+.
+FRAMEWORKS := .venv-frameworks
+PYTHON_312 ?= $(shell for p in python3.13 python3.12 $$(ls -d $$HOME/.pyenv/versions/3.1[2-9]*/bin/python3 2>/dev/null); do \
+	$$p -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && echo $$p && break; done)
+agents-frameworks: $(AGENTS_STAMP)
+	test -x $(FRAMEWORKS)/crewai/bin/python || $(PYTHON) -m venv $(FRAMEWORKS)/crewai
+	$(FRAMEWORKS)/crewai/bin/pip install --quiet 'crewai==1.15.30'
+	@test -n "$(PYTHON_312)" || { echo "the OpenHands SDK needs Python 3.12 or newer: none found (set PYTHON_312)"; exit 1; }
+	test -x $(FRAMEWORKS)/openhands/bin/python || $(PYTHON_312) -m venv $(FRAMEWORKS)/openhands
+	$(FRAMEWORKS)/openhands/bin/pip install --quiet 'openhands-sdk==1.58.2' 'openhands-tools==1.58.2'
+	$(AGENTS_VENV)/bin/python -m pytest -q tests/agents/test_frameworks.py -W ignore::ResourceWarning
+
 bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/detect.py
 
 clean:
-	rm -rf $(VENV) $(AGENTS_VENV) *.egg-info .pytest_cache build
+	rm -rf $(VENV) $(AGENTS_VENV) $(FRAMEWORKS) *.egg-info .pytest_cache build
 	find proxy -name '*.so' -o -name '*.so.source' -o -name '*.c' | xargs rm -f
