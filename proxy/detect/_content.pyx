@@ -16,9 +16,8 @@ this matcher and the plain one to the same verdicts.
 import os
 
 from proxy.detect import content_rule as rule
-from proxy.detect.content_rule import (_DIVIDER_CHARS, _HEADING, _LIST_NUMBER, BLOCK_COPIES, BLOCK_LINES,
-                                       CLASSIFY_WITHIN, DEGENERATE_CHARS, GAP_CHUNKS, LINE_LIMIT, MAX_BLOCK_LINES,
-                                       SHOWN_LINE, Chant)
+from proxy.detect.content_rule import (_DIVIDER_CHARS, _HEADING, _LIST_NUMBER, CLASSIFY_WITHIN, DEGENERATE_CHARS,
+                                       GAP_CHUNKS, LINE_LIMIT, MAX_BLOCK_LINES, Chant)
 
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_4BYTE_KIND, PyUnicode_FromKindAndData
@@ -60,7 +59,6 @@ cdef enum:
 if UNIT != rule.DEGENERATE_UNIT:
     raise ImportError("the compiled content matcher's degenerate unit differs from proxy.detect.content_rule's")
 cdef Py_ssize_t RUN_CHARS = DEGENERATE_CHARS
-cdef Py_ssize_t MOST_LINES = MAX_BLOCK_LINES
 
 
 def classify(str line, bint complete, bint in_code):
@@ -326,22 +324,7 @@ cdef class ContentTracker:
         return self._add_line(line)
 
     cdef object _add_line(self, line):
-        cdef list lines = self.lines, same = self.same_lines
-        cdef Py_ssize_t count = len(lines), b
-        for b in range(1, min(count, MOST_LINES) + 1):
-            same[b] = same[b] + 1 if line is not None and lines[count - b] == line else 0
-        for b in range(count + 1, MOST_LINES + 1):
-            same[b] = 0
-        lines.append(line)
-        self.shown.append(line[:SHOWN_LINE] if line is not None else "")
-        if count + 1 > MOST_LINES:
-            del lines[0], self.shown[0]
-        if line is not None and len(line) < self.chunk_size and same[1] + 1 >= max(self.threshold, 2):
-            return Chant(line, same[1] + 1)
-        for b in range(BLOCK_LINES, MOST_LINES + 1):
-            if same[b] >= (BLOCK_COPIES - 1) * b:
-                return Chant("\n".join(self.shown[-b:]), same[b] // b + 1)
-        return None
+        return rule.add_line(self.lines, self.shown, self.same_lines, line, self.chunk_size, self.threshold)
 
     cdef object _degenerate(self, str text):
         """Read text the windows do not count for a degenerate run."""

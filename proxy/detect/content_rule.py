@@ -124,6 +124,30 @@ def kept_characters(chunk_size: int, max_threshold: int) -> int:
     return chunk_size * GAP_CHUNKS * (max(max_threshold, 2) - 1) + chunk_size
 
 
+def add_line(lines: list, shown: list, same: list, line: str | None, chunk_size: int,
+             threshold: int) -> Chant | None:
+    """The line rules for the next complete line (None: a line that matches nothing): a short line said
+    `threshold` times back to back, a block repeated BLOCK_COPIES times. `lines` and `shown` hold the last
+    MAX_BLOCK_LINES lines and what is shown of each; `same[b]` how many lines in a row equal the one b before
+    them. Both matchers keep their line state so and call this."""
+    count = len(lines)
+    for b in range(1, min(count, MAX_BLOCK_LINES) + 1):
+        same[b] = same[b] + 1 if line is not None and lines[count - b] == line else 0
+    for b in range(count + 1, MAX_BLOCK_LINES + 1):
+        same[b] = 0
+    lines.append(line)
+    shown.append(line[:SHOWN_LINE] if line is not None else "")
+    if count + 1 > MAX_BLOCK_LINES:
+        del lines[0], shown[0]
+    # The same short line back to back: itself and the `threshold - 1` before it.
+    if line is not None and len(line) < chunk_size and same[1] + 1 >= max(threshold, 2):
+        return Chant(line, same[1] + 1)
+    for b in range(BLOCK_LINES, MAX_BLOCK_LINES + 1):
+        if same[b] >= (BLOCK_COPIES - 1) * b:
+            return Chant("\n".join(shown[-b:]), same[b] // b + 1)
+    return None
+
+
 class ContentTracker:
     """Chanting detector state for one task. Memory is bounded by the window kept.
 
@@ -289,23 +313,7 @@ class ContentTracker:
         return self._add_line(line)
 
     def _add_line(self, line: str | None) -> Chant | None:
-        lines, same = self._lines, self._same_lines
-        count = len(lines)
-        for b in range(1, min(count, MAX_BLOCK_LINES) + 1):
-            same[b] = same[b] + 1 if line is not None and lines[count - b] == line else 0
-        for b in range(count + 1, MAX_BLOCK_LINES + 1):
-            same[b] = 0
-        lines.append(line)
-        self._shown.append(line[:SHOWN_LINE] if line is not None else "")
-        if count + 1 > MAX_BLOCK_LINES:
-            del lines[0], self._shown[0]
-        # The same short line back to back: itself and the `threshold - 1` before it.
-        if line is not None and len(line) < self._chunk_size and same[1] + 1 >= max(self.threshold, 2):
-            return Chant(line, same[1] + 1)
-        for b in range(BLOCK_LINES, MAX_BLOCK_LINES + 1):
-            if same[b] >= (BLOCK_COPIES - 1) * b:
-                return Chant("\n".join(self._shown[-b:]), same[b] // b + 1)
-        return None
+        return add_line(self._lines, self._shown, self._same_lines, line, self._chunk_size, self.threshold)
 
     def _degenerate(self, text: str) -> Chant | None:
         """Read text the windows do not count for a degenerate run."""
