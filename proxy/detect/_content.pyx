@@ -312,19 +312,11 @@ cdef class ContentTracker:
             self.parts = []
 
     cdef object _end_line(self):
-        """A line is complete: the line rules, as `content_rule` states them."""
-        cdef int kind = self.kind
+        """A line is complete: the line rules, as `content_rule.end_line` states them."""
         parts, too_long = self.parts, self.parts_length > LINE_LIMIT
         self.parts, self.parts_length = [], 0
-        line = None
-        if kind == PROSE and not too_long:
-            line = "".join(parts).strip(" \t\r")
-            if not line:
-                return None
-        return self._add_line(line)
-
-    cdef object _add_line(self, line):
-        return rule.add_line(self.lines, self.shown, self.same_lines, line, self.chunk_size, self.threshold)
+        return rule.end_line(self.lines, self.shown, self.same_lines, self.kind, parts, too_long, self.chunk_size,
+                             self.threshold)
 
     cdef object _degenerate(self, str text):
         """Read text the windows do not count for a degenerate run."""

@@ -124,12 +124,18 @@ def kept_characters(chunk_size: int, max_threshold: int) -> int:
     return chunk_size * GAP_CHUNKS * (max(max_threshold, 2) - 1) + chunk_size
 
 
-def add_line(lines: list, shown: list, same: list, line: str | None, chunk_size: int,
+def end_line(lines: list, shown: list, same: list, kind: int, parts: list[str], too_long: bool, chunk_size: int,
              threshold: int) -> Chant | None:
-    """The line rules for the next complete line (None: a line that matches nothing): a short line said
-    `threshold` times back to back, a block repeated BLOCK_COPIES times. `lines` and `shown` hold the last
-    MAX_BLOCK_LINES lines and what is shown of each; `same[b]` how many lines in a row equal the one b before
-    them. Both matchers keep their line state so and call this."""
+    """The line rules for the line just completed (its kind, and its pieces when it is prose): a short line said
+    `threshold` times back to back, a block repeated BLOCK_COPIES times. A blank line is skipped; a line other
+    than prose, or too long to compare, matches nothing. `lines` and `shown` hold the last MAX_BLOCK_LINES lines
+    and what is shown of each; `same[b]` how many lines in a row equal the one b before them. Both matchers
+    keep their line state so and call this."""
+    line = None
+    if kind == PROSE and not too_long:
+        line = "".join(parts).strip(" \t\r")
+        if not line:
+            return None
     count = len(lines)
     for b in range(1, min(count, MAX_BLOCK_LINES) + 1):
         same[b] = same[b] + 1 if line is not None and lines[count - b] == line else 0
@@ -301,19 +307,10 @@ class ContentTracker:
             self._parts = []
 
     def _end_line(self) -> Chant | None:
-        """A line is complete: the line rules (a short line said over and over, a block repeated). A blank
-        line is skipped; a line other than prose, or too long to compare, matches nothing."""
-        kind, parts, too_long = self._kind, self._parts, self._parts_length > LINE_LIMIT
+        parts, too_long = self._parts, self._parts_length > LINE_LIMIT
         self._parts, self._parts_length = [], 0
-        line = None
-        if kind == PROSE and not too_long:
-            line = "".join(parts).strip(" \t\r")
-            if not line:
-                return None
-        return self._add_line(line)
-
-    def _add_line(self, line: str | None) -> Chant | None:
-        return add_line(self._lines, self._shown, self._same_lines, line, self._chunk_size, self.threshold)
+        return end_line(self._lines, self._shown, self._same_lines, self._kind, parts, too_long, self._chunk_size,
+                        self.threshold)
 
     def _degenerate(self, text: str) -> Chant | None:
         """Read text the windows do not count for a degenerate run."""
