@@ -17,7 +17,7 @@ import os
 
 from proxy.detect import content_rule as rule
 from proxy.detect.content_rule import (_DIVIDER_CHARS, _HEADING, _LIST_NUMBER, CLASSIFY_WITHIN, DEGENERATE_CHARS,
-                                       GAP_CHUNKS, LINE_LIMIT, MAX_BLOCK_LINES, Chant)
+                                       GAP_CHUNKS, LINE_LIMIT, Chant)
 
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_4BYTE_KIND, PyUnicode_FromKindAndData
@@ -157,8 +157,7 @@ cdef class ContentTracker:
     # Line rules (as the rule keeps them).
     cdef list parts
     cdef Py_ssize_t parts_length
-    cdef list lines, shown
-    cdef list same_lines
+    cdef object line_runs
     # Degenerate runs: the last UNIT characters read (`recent_count` of them) and the runs per unit length.
     cdef Py_UCS4 recent[UNIT]
     cdef Py_ssize_t recent_count
@@ -180,7 +179,7 @@ cdef class ContentTracker:
         self.kind = UNKNOWN
         self.last_blank = True
         self.parts, self.parts_length = [], 0
-        self.lines, self.shown, self.same_lines = [], [], [0] * (MAX_BLOCK_LINES + 1)
+        self.line_runs = rule.LineRuns()
 
     def __dealloc__(self):
         self._release()
@@ -206,7 +205,7 @@ cdef class ContentTracker:
             memcpy(other.heads, self.heads, (self.head_mask + 1) * sizeof(int64_t))
             other.length = self.length
         other.parts, other.parts_length = self.parts[:], self.parts_length
-        other.lines, other.shown, other.same_lines = self.lines[:], self.shown[:], self.same_lines[:]
+        other.line_runs = self.line_runs.clone()
         other.recent, other.recent_count, other.periods = self.recent, self.recent_count, self.periods
         return other
 
@@ -214,7 +213,7 @@ cdef class ContentTracker:
         """Start all the tracking afresh (a tool call, a chant found)."""
         self._restart_windows()
         self.parts, self.parts_length = [], 0
-        self.lines, self.shown, self.same_lines = [], [], [0] * (MAX_BLOCK_LINES + 1)
+        self.line_runs = rule.LineRuns()
         self._break_run()
 
     cdef inline void _break_run(self) noexcept:
@@ -312,11 +311,10 @@ cdef class ContentTracker:
             self.parts = []
 
     cdef object _end_line(self):
-        """A line is complete: the line rules, as `content_rule.end_line` states them."""
+        """A line is complete: the line rules, as `content_rule.LineRuns` states them."""
         parts, too_long = self.parts, self.parts_length > LINE_LIMIT
         self.parts, self.parts_length = [], 0
-        return rule.end_line(self.lines, self.shown, self.same_lines, self.kind, parts, too_long, self.chunk_size,
-                             self.threshold)
+        return self.line_runs.end_line(self.kind, parts, too_long, self.chunk_size, self.threshold)
 
     cdef object _degenerate(self, str text):
         """Read text the windows do not count for a degenerate run."""

@@ -124,34 +124,64 @@ def kept_characters(chunk_size: int, max_threshold: int) -> int:
     return chunk_size * GAP_CHUNKS * (max(max_threshold, 2) - 1) + chunk_size
 
 
-def end_line(lines: list, shown: list, same: list, kind: int, parts: list[str], too_long: bool, chunk_size: int,
-             threshold: int) -> Chant | None:
-    """The line rules for the line just completed (its kind, and its pieces when it is prose): a short line said
-    `threshold` times back to back, a block repeated BLOCK_COPIES times. A blank line is skipped; a line other
-    than prose, or too long to compare, matches nothing. `lines` and `shown` hold the last MAX_BLOCK_LINES lines
-    and what is shown of each; `same[b]` how many lines in a row equal the one b before them. Both matchers
-    keep their line state so and call this."""
-    line = None
-    if kind == PROSE and not too_long:
-        line = "".join(parts).strip(" \t\r")
-        if not line:
-            return None
-    count = len(lines)
-    for b in range(1, min(count, MAX_BLOCK_LINES) + 1):
-        same[b] = same[b] + 1 if line is not None and lines[count - b] == line else 0
-    for b in range(count + 1, MAX_BLOCK_LINES + 1):
-        same[b] = 0
-    lines.append(line)
-    shown.append(line[:SHOWN_LINE] if line is not None else "")
-    if count + 1 > MAX_BLOCK_LINES:
-        del lines[0], shown[0]
-    # The same short line back to back: itself and the `threshold - 1` before it.
-    if line is not None and len(line) < chunk_size and same[1] + 1 >= max(threshold, 2):
-        return Chant(line, same[1] + 1)
-    for b in range(BLOCK_LINES, MAX_BLOCK_LINES + 1):
-        if same[b] >= (BLOCK_COPIES - 1) * b:
-            return Chant("\n".join(shown[-b:]), same[b] // b + 1)
-    return None
+class LineRuns:
+    """The line rules' state for one task, and the rules (both matchers hold one): the last MAX_BLOCK_LINES
+    lines compared (None: a line that matches nothing), what is shown of each, where each recent line was,
+    and per distance b how many lines in a row equal the one b before them (only distances with a run are
+    kept, so a line costs a look-up, not a pass over the window)."""
+
+    __slots__ = ("_lines", "_shown", "_where", "_same", "_count")
+
+    def __init__(self) -> None:
+        self._lines: list[str | None] = []
+        self._shown: list[str] = []
+        self._where: dict[str, list[int]] = {}  # line -> its places (by count) among the last MAX_BLOCK_LINES
+        self._same: dict[int, int] = {}
+        self._count = 0
+
+    def clone(self) -> "LineRuns":
+        other = LineRuns()
+        other._lines, other._shown, other._same, other._count = self._lines[:], self._shown[:], dict(self._same), \
+            self._count
+        other._where = {line: places[:] for line, places in self._where.items()}
+        return other
+
+    def end_line(self, kind: int, parts: list[str], too_long: bool, chunk_size: int, threshold: int) -> Chant | None:
+        """The rules for the line just completed (its kind, and its pieces when it is prose): a short line said
+        `threshold` times back to back, a block repeated BLOCK_COPIES times. A blank line is skipped; a line other
+        than prose, or too long to compare, matches nothing."""
+        line = None
+        if kind == PROSE and not too_long:
+            line = "".join(parts).strip(" \t\r")
+            if not line:
+                return None
+        n = self._count
+        same = {}
+        if line is not None:
+            places = self._where.setdefault(line, [])
+            for place in places:
+                same[n - place] = self._same.get(n - place, 0) + 1
+            places.append(n)
+        self._same = same
+        self._count = n + 1
+        self._lines.append(line)
+        self._shown.append(line[:SHOWN_LINE] if line is not None else "")
+        if len(self._lines) > MAX_BLOCK_LINES:
+            gone = self._lines.pop(0)
+            del self._shown[0]
+            if gone is not None:
+                places = self._where[gone]
+                del places[0]
+                if not places:
+                    del self._where[gone]
+        # The same short line back to back: itself and the `threshold - 1` before it.
+        if line is not None and len(line) < chunk_size and same.get(1, 0) + 1 >= max(threshold, 2):
+            return Chant(line, same[1] + 1)
+        blocks = [b for b, run in same.items() if b >= BLOCK_LINES and run >= (BLOCK_COPIES - 1) * b]
+        if blocks:
+            b = min(blocks)  # the block itself, not a run of its copies
+            return Chant("\n".join(self._shown[-b:]), same[b] // b + 1)
+        return None
 
 
 class ContentTracker:
@@ -164,7 +194,7 @@ class ContentTracker:
 
     __slots__ = ("_chunk_size", "threshold", "_max_threshold", "_keep", "_chars", "_previous", "_runs",
                  "_latest", "_window", "_base", "_line", "_kind", "_in_code", "_muted", "_last_blank",
-                 "_parts", "_parts_length", "_lines", "_shown", "_same_lines", "_recent", "_periods")
+                 "_parts", "_parts_length", "_line_runs", "_recent", "_periods")
 
     def __init__(self, chunk_size: int = 50, threshold: int = 10, max_threshold: int | None = None):
         if chunk_size < 1:
@@ -185,13 +215,10 @@ class ContentTracker:
         self._in_code = False
         self._muted = False  # the rest of a message that already chanted is not counted again
         self._last_blank = True  # the last counted character was white space: a run of it counts as one
-        # Line rules: the current prose line's pieces, the last MAX_BLOCK_LINES lines (None: a line that matches
-        # nothing) with what is shown of each, and per block length b the lines in a row equal to the one b before.
+        # Line rules: the current prose line's pieces, and the rules' state over the lines before it.
         self._parts: list[str] = []
         self._parts_length = 0
-        self._lines: list[str | None] = []
-        self._shown: list[str] = []
-        self._same_lines = [0] * (MAX_BLOCK_LINES + 1)
+        self._line_runs = LineRuns()
         # Degenerate runs: the last DEGENERATE_UNIT characters fed, and per unit length p how many characters
         # in a row equal the one p before.
         self._recent = ""
@@ -208,7 +235,7 @@ class ContentTracker:
         other._chars, other._previous, other._runs = self._chars[:], self._previous[:], self._runs[:]
         other._latest = dict(self._latest)
         other._parts, other._parts_length = self._parts[:], self._parts_length
-        other._lines, other._shown, other._same_lines = self._lines[:], self._shown[:], self._same_lines[:]
+        other._line_runs = self._line_runs.clone()
         other._recent, other._periods = self._recent, self._periods[:]
         return other
 
@@ -216,7 +243,7 @@ class ContentTracker:
         """Start all the tracking afresh (a tool call, a chant found)."""
         self._restart_windows()
         self._parts, self._parts_length = [], 0
-        self._lines, self._shown, self._same_lines = [], [], [0] * (MAX_BLOCK_LINES + 1)
+        self._line_runs = LineRuns()
         self._recent, self._periods = "", [0] * (DEGENERATE_UNIT + 1)
 
     def _restart_windows(self) -> None:
@@ -309,8 +336,7 @@ class ContentTracker:
     def _end_line(self) -> Chant | None:
         parts, too_long = self._parts, self._parts_length > LINE_LIMIT
         self._parts, self._parts_length = [], 0
-        return end_line(self._lines, self._shown, self._same_lines, self._kind, parts, too_long, self._chunk_size,
-                        self.threshold)
+        return self._line_runs.end_line(self._kind, parts, too_long, self._chunk_size, self.threshold)
 
     def _degenerate(self, text: str) -> Chant | None:
         """Read text the windows do not count for a degenerate run."""
