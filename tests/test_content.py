@@ -421,8 +421,10 @@ def test_a_block_of_lines_repeated_three_times_back_to_back_is_chanting(matcher)
     assert found.index(next(c for c in found if c)) == 17  # the last line of the third copy
     chant = next(c for c in found if c)
     assert chant.occurrences == 3 and chant.repeated.startswith("I open the settings") and chant.repeated.count("\n") == 5
-    # A block of four lines, or copies with a line changed, are not.
+    # A block of four lines, or copies with a line changed, are not; nor is a block that is two lines said
+    # over and over (that is the windows' to find, if they do).
     assert first_chant(LONG_LINES[:4] * 4, matcher()) is None
+    assert first_chant(LONG_LINES[:2] * 9, matcher()) is None
     changed = LONG_LINES[:5] + ["This time I read the schema first, then the settings module.\n"]
     assert first_chant(LONG_LINES + changed + LONG_LINES, matcher()) is None
 

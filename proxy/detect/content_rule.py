@@ -180,7 +180,9 @@ class LineRuns:
         blocks = [b for b, run in same.items() if b >= BLOCK_LINES and run >= (BLOCK_COPIES - 1) * b]
         if blocks:
             b = min(blocks)  # the block itself, not a run of its copies
-            return Chant("\n".join(self._shown[-b:]), same[b] // b + 1)
+            # A block that is a shorter unit said over and over (two lines, six times) is that unit's: the windows'.
+            if not any(b % d == 0 and same[d] >= BLOCK_COPIES * b - d for d in same if d < b):
+                return Chant("\n".join(self._shown[-b:]), same[b] // b + 1)
         return None
 
 
