@@ -213,7 +213,8 @@ cdef class ContentTracker:
         """Start all the tracking afresh (a tool call, a chant found)."""
         self._restart_windows()
         self.parts, self.parts_length = [], 0
-        self.line_runs = rule.LineRuns()
+        if self.line_runs.seen:  # most tool calls follow no line at all
+            self.line_runs = rule.LineRuns()
         self._break_run()
 
     cdef inline void _break_run(self) noexcept:

@@ -139,6 +139,10 @@ class LineRuns:
         self._same: dict[int, int] = {}
         self._count = 0
 
+    @property
+    def seen(self) -> bool:
+        return self._count > 0
+
     def clone(self) -> "LineRuns":
         other = LineRuns()
         other._lines, other._shown, other._same, other._count = self._lines[:], self._shown[:], dict(self._same), \
@@ -245,7 +249,8 @@ class ContentTracker:
         """Start all the tracking afresh (a tool call, a chant found)."""
         self._restart_windows()
         self._parts, self._parts_length = [], 0
-        self._line_runs = LineRuns()
+        if self._line_runs.seen:  # most tool calls follow no line at all
+            self._line_runs = LineRuns()
         self._recent, self._periods = "", [0] * (DEGENERATE_UNIT + 1)
 
     def _restart_windows(self) -> None:
