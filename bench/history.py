@@ -1,6 +1,7 @@
 """One long conversation: what its requests cost on a freshly started replica and on a warm one.
 
     .venv/bin/python bench/history.py [--messages 2000] [--replicas 5]
+    .venv/bin/python bench/history.py --against-relay [--sizes 40,400,2000]
 
 A coding agent's conversation grown to 2,000 messages (tool results of about 2.5 KB each, so several MB
 per request). For each of `--replicas` freshly started `loopwarden serve` processes, its first request
@@ -14,7 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +27,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from overhead import Served  # noqa: E402
+from overhead import Served, cpu_seconds, free_port, wait_ready  # noqa: E402
 
 WARM_REQUESTS = 10
 
@@ -81,9 +84,96 @@ async def main(messages: int, replicas: int) -> None:
         print(f"| {name} | {statistics.median(values) * 1000:.1f} | {max(values) * 1000:.1f} | {len(values)} |")
 
 
+def as_messages_api(history: list[dict]) -> dict:
+    """The same conversation as Claude Code sends it on the Messages API: tool_use and tool_result blocks."""
+    system, messages = history[0]["content"], []
+    for message in history[1:]:
+        if message["role"] == "assistant":
+            call = message["tool_calls"][0]
+            messages.append({"role": "assistant", "content": [
+                {"type": "text", "text": message["content"]},
+                {"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                 "input": orjson.loads(call["function"]["arguments"])}]})
+        elif message["role"] == "tool":
+            messages.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": message["content"]}]})
+        else:
+            messages.append({"role": "user", "content": [{"type": "text", "text": message["content"]}]})
+    return {"model": "bench", "max_tokens": 1024, "system": system, "messages": messages}
+
+
+DIALECTS = {  # name: (path, the body of the first n messages of a history)
+    "chat": ("/chat/completions", lambda history, n: {"model": "bench", "messages": history[:n]}),
+    "Messages": ("/messages", lambda history, n: as_messages_api(history[:n])),
+}
+
+
+async def against_the_relay(sizes: list[int], requests: int) -> None:
+    """Per dialect and length, a session growing two messages a request, sent to the upstream directly, through
+    the bare relay and through loopwarden (warm: the session seen before): wall time and each process's CPU."""
+    python, tmp = sys.executable, Path(tempfile.mkdtemp(prefix="lw-history-"))
+    up_port, relay_port, lw_port = free_port(), free_port(), free_port()
+    upstream = f"http://127.0.0.1:{up_port}/v1"
+    processes = [subprocess.Popen([python, str(ROOT / "bench/servers.py"), "upstream", str(up_port)])]
+    try:
+        await wait_ready(upstream)
+        processes.append(subprocess.Popen([python, str(ROOT / "bench/servers.py"), "relay", str(relay_port),
+                                           upstream]))
+        processes.append(subprocess.Popen(
+            [python, "-m", "proxy", "serve", "--port", str(lw_port), "--upstream", upstream,
+             "--anthropic-upstream-url", upstream, "--log-level", "warning", "--llm-check", "false",
+             "--database-url", f"sqlite+aiosqlite:///{tmp}/bench.db"], cwd=ROOT))
+        targets = {"direct": (upstream, processes[0].pid), "relay": (f"http://127.0.0.1:{relay_port}/v1",
+                                                                     processes[1].pid),
+                   "loopwarden": (f"http://127.0.0.1:{lw_port}/v1", processes[2].pid)}
+        for url, _ in targets.values():
+            await wait_ready(url)
+        print("| dialect | messages | MB | relay CPU ms | loopwarden CPU ms | ratio | relay added ms | "
+              "loopwarden added ms |\n|---|---|---|---|---|---|---|---|")
+        async with aiohttp.ClientSession() as http:
+            for dialect, (path, body_of) in DIALECTS.items():
+                for size in sizes:
+                    history = long_conversation(size + 2 * (requests + 1))
+                    bodies = [orjson.dumps(body_of(history, size + 2 * n)) for n in range(requests + 1)]
+                    walls, cpus = {}, {}
+                    for name, (url, pid) in targets.items():
+                        session = f"history-{dialect}-{size}-{name}"
+                        await post(http, url + path, bodies[0], session)  # seen before: the warm case
+                        spent, took = cpu_seconds(pid), []
+                        for body in bodies[1:]:
+                            started = time.perf_counter()
+                            await post(http, url + path, body, session)
+                            took.append(time.perf_counter() - started)
+                        cpus[name] = (cpu_seconds(pid) - spent) / requests * 1000
+                        walls[name] = statistics.median(took) * 1000
+                    relay_cpu, lw_cpu = cpus["relay"], cpus["loopwarden"]
+                    print(f"| {dialect} | {size:,} | {len(bodies[-1]) / 1e6:.2f} | {relay_cpu:.1f} | {lw_cpu:.1f} | "
+                          f"{lw_cpu / relay_cpu:.1f}x | {walls['relay'] - walls['direct']:.1f} | "
+                          f"{walls['loopwarden'] - walls['direct']:.1f} |", flush=True)
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+async def post(http: aiohttp.ClientSession, url: str, body: bytes, session: str) -> None:
+    async with http.post(url, data=body, headers={"Content-Type": "application/json", "anthropic-version": "2023-06-01",
+                                                   "X-Loopwarden-Session": session}) as response:
+        await response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status} from {url}")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--replicas", type=int, default=5)
+    parser.add_argument("--against-relay", action="store_true",
+                        help="per dialect, a warm session's CPU and added time against a bare relay")
+    parser.add_argument("--sizes", default="40,400,2000")
+    parser.add_argument("--requests", type=int, default=20)
     args = parser.parse_args()
-    asyncio.run(main(args.messages, args.replicas))
+    if args.against_relay:
+        asyncio.run(against_the_relay([int(size) for size in args.sizes.split(",")], args.requests))
+    else:
+        asyncio.run(main(args.messages, args.replicas))
