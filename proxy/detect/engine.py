@@ -191,7 +191,9 @@ def _task_key(messages: list[Message], start: int) -> str:
     return digest(f"{start}\x00{opener}").hex()[:16]
 
 
-HARNESS_KEPT = 1024  # the harness's texts a conversation remembers (a long one's person prompts stay out)
+# The harness's texts a conversation hands from task to task; past this many, a new task starts knowing none
+# (as each did before), so a conversation of many distinct prompts holds no more.
+HARNESS_KEPT = 1024
 
 
 def _new_task(config: DetectConfig, messages: list[Message], start: int,
