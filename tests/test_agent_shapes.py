@@ -54,6 +54,16 @@ def test_agents_without_a_guard_are_warned_twice_and_stopped(agent):
     assert len({kind for _, kind in found}) == 1
 
 
+def test_crewai_text_tools_read_the_result_it_writes_into_the_assistants_message():
+    # CrewAI on its text path (a model without function calling) writes `Observation: ...` into the assistant's
+    # own message and answers every step with the same nudge; from the 2nd identical call on it runs nothing
+    # and observes `I tried reusing the same input ...`, once with its system message's tool list appended.
+    bodies = requests("crewai-text")
+    assert all(m["content"].rstrip().endswith("without meta-commentary.") for m in bodies[-1]["messages"][3::2])
+    # The read's result, then the refusal three times (the tool list cut): the 3rd identical refusal is the loop.
+    assert decisions("crewai-text", DetectConfig()) == [(), (), (), (), ("tool_call",)]
+
+
 def test_cline_error_array_is_warned_as_tool_error():
     # Cline CLI answers a failed read with [{"query": ..., "error": "Error reading file: ENOENT ...", "success":
     # false}]; its own guard stops the run after the 5th call, so the proxy warns at the 3rd and the 4th.

@@ -311,6 +311,8 @@ def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) 
     at = _user_answer(messages, j)
     actions = read_actions(text)
     inline = inline_observation(text) if actions else None
+    if inline is not None:  # CrewAI appends its system message's tool list to some of them: not the result
+        inline = without_reminder(inline, system_text(messages))
     if at is not None:
         answer = messages[at].text
         if inline is not None and not is_observation(answer):
