@@ -14,6 +14,7 @@ import pytest
 
 from proxy import agents
 from proxy.detect import engine, normalize, text_steps
+from proxy.detect.content import ContentTracker
 from proxy.detect.engine import DetectConfig, episodes
 from tests.convo import analyze, assistant, conversation, neutral, step, user
 
@@ -23,7 +24,9 @@ BOUND_S = 1.0
 SIZE = 100_000
 RUNS = ["0", "7", "1.", "1:", "1-", "1 ", " ", "\t", "\n", ".", ":", "-", "=", "/", "\\", "a1", "f", "x1", "id ",
         "ID: ", "pid ", "\x1b[", "\x1b]", "line 1", "Error ", "FAILED ", "1 failed, ", "a(", "a:1", " in ", "T1",
-        "[", "]", "a[", "]x", "\nAction: ", "Action 1: a[", "Observation 1: ", "Current Task: ", "<session_context>"]
+        "[", "]", "a[", "]x", "\nAction: ", "Action 1: a[", "Observation 1: ", "Current Task: ", "<session_context>",
+        "<read_file>\n", "<a_b>", "</a_b", "[read_file for ", "[a] Result", "1 fail\n", "# fail 1", "ℹ fail ",
+        "\nObservation:", "Action: a\nObservation: "]
 PREFIXES = ["", "Error: ", "Traceback (most recent call last)\n", "id: ", "line 1", "exit code ", "FAILED ", "= "]
 
 
@@ -38,7 +41,8 @@ def adversarial() -> list[str]:
 
 @pytest.mark.parametrize("read", [normalize.mask, normalize.is_error_form, normalize.canonical_arguments,
                                   normalize.excerpt, text_steps.read_actions, text_steps.observation_text,
-                                  agents.title_of], ids=lambda read: read.__name__)
+                                  text_steps.is_observation, text_steps.inline_observation, agents.title_of],
+                         ids=lambda read: read.__name__)
 def test_each_masking_and_error_form_reading_is_linear_on_long_runs(read):
     slowest = (0.0, "")
     for text in adversarial():
@@ -46,6 +50,19 @@ def test_each_masking_and_error_form_reading_is_linear_on_long_runs(read):
         read(text)
         slowest = max(slowest, (time.perf_counter() - began, repr(text[:24])))
     assert slowest[0] < BOUND_S, f"{read.__name__} took {slowest[0]:.2f} s on a 100 KB run starting {slowest[1]}"
+
+
+@pytest.mark.parametrize("run", ["0", " ", "\n", "!", "=-", "abcdefghi", "abcdefgh\n", "a_b\n", "OK.\n",
+                                 "- item\n", "| a |\n", "x" * 1999 + "y"])
+def test_the_content_layer_is_linear_on_long_runs_in_prose_and_in_code(run):
+    # A unit longer than a degenerate one, runs one character short of it, lines that never repeat far enough:
+    # every character read once, whichever matcher is in use.
+    for opening in ("", "```\n"):
+        tracker = ContentTracker()
+        began = time.perf_counter()
+        tracker.feed(opening + run * (SIZE // len(run)))
+        tracker.end_message()
+        assert time.perf_counter() - began < BOUND_S, f"{run[:12]!r} after {opening!r}"
 
 
 def test_a_digit_run_is_still_masked_where_it_is_noise():
