@@ -315,19 +315,19 @@ def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) 
         inline = without_reminder(inline, system_text(messages))
     if at is not None:
         answer = messages[at].text
-        if inline is not None and not is_observation(answer):
+        observed = is_observation(answer)
+        known = not observed and bool(state.harness) and _harness_key(answer) in state.harness
+        if inline is not None and not observed:
             # The result is in the assistant's message; the user's is the harness's nudge once it is known.
-            calls = [text_call(action, inline) for action in actions]
-            return calls, (at + 1 if state.harness and _harness_key(answer) in state.harness else j + 1)
-        if is_observation(answer):
+            return [text_call(action, inline) for action in actions], (at + 1 if known else j + 1)
+        if observed or known:
             # A text the harness answered is a step, an action or not (Cline's `[ERROR] You did not use a tool`).
             actions = actions or [TextAction("reply", mask(text)[:2000])]
-            answer = without_reminder(answer, system_text(messages))
-            observation, failed = observation_text(answer), observation_failed(answer)
-            return [text_call(action, observation, failed) for action in actions], at + 1
-        if state.harness and _harness_key(answer) in state.harness:
+            if observed:
+                answer = without_reminder(answer, system_text(messages))
+                observation, failed = observation_text(answer), observation_failed(answer)
+                return [text_call(action, observation, failed) for action in actions], at + 1
             # The harness repeating itself (a format error): what it answers is the step, failed.
-            actions = actions or [TextAction("reply", mask(text)[:2000])]
             return [text_call(action, harness_form(answer), marked=True) for action in actions], at + 1
     return [text_call(action, inline) for action in actions or ()], j + 1
 
