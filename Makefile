@@ -28,7 +28,7 @@ $(BIN)/python:
 # (Cython) when a C compiler is at hand, so their sources are part of the install too: an edit rebuilds (without
 # a compiler the install succeeds and the plain Python runs).
 COMPILED_SOURCES := $(shell grep -o '"proxy\.[a-z_.]*"' proxy/compiled.py | tr -d '"' | sed 's|\.|/|g; s|$$|.py|')
-$(STAMP): $(BIN)/python pyproject.toml setup.py proxy/detect/_content.pyx proxy/compiled.py $(COMPILED_SOURCES)
+$(STAMP): $(BIN)/python pyproject.toml setup.py proxy/detect/_content.pyx proxy/wire/_items.pyx proxy/compiled.py $(COMPILED_SOURCES)
 	@echo "installing loopwarden with the test tools, and compiling the request path (one compiler per core)"
 	$(BIN)/pip install --progress-bar off -e '.[dev]'
 	touch $(STAMP)
@@ -36,7 +36,7 @@ $(STAMP): $(BIN)/python pyproject.toml setup.py proxy/detect/_content.pyx proxy/
 # Serving needs no test tools, and only the content matcher compiled (21-25x faster compiled; the rest of the
 # request path saves about 20 us of a request's 150-330 us compiled, README "Development"): ready in about a
 # minute. A full install (`make test`) serves as it is.
-$(SERVE_STAMP): $(BIN)/python pyproject.toml setup.py proxy/detect/_content.pyx
+$(SERVE_STAMP): $(BIN)/python pyproject.toml setup.py proxy/detect/_content.pyx proxy/wire/_items.pyx
 	@if [ -f $(STAMP) ]; then echo "using the full install"; else \
 		echo "installing loopwarden to serve (the content matcher compiled; make test compiles the rest)"; \
 		LOOPWARDEN_NO_EXTENSIONS=1 $(BIN)/pip install --progress-bar off -e . || exit 1; fi
@@ -76,7 +76,7 @@ test-tools:
 # declares (which works). Those packages leave their HTTP clients open at exit, hence the two warnings ignored
 # here only. The request path's modules compiled for the main environment (the same source tree) serve this one
 # too: they are not built twice.
-$(AGENTS_STAMP): pyproject.toml setup.py proxy/detect/_content.pyx Makefile
+$(AGENTS_STAMP): pyproject.toml setup.py proxy/detect/_content.pyx proxy/wire/_items.pyx Makefile
 	test -x $(AGENTS_VENV)/bin/python || $(PYTHON) -m venv $(AGENTS_VENV)
 	$(AGENTS_VENV)/bin/pip install --quiet --upgrade pip
 	LOOPWARDEN_NO_EXTENSIONS=1 $(AGENTS_VENV)/bin/pip install --quiet -e '.[dev,agents]'

@@ -1,6 +1,8 @@
 """The optional compiled parts of loopwarden, built with Cython when a C compiler is at hand:
 
 - the content layer's matcher (`proxy/detect/_content.pyx`);
+- the scanner that finds a long body's list items (`proxy/wire/_items.pyx`), so a conversation's next request
+  is parsed from where it differs from the one before;
 - the request path's pure modules (`proxy/compiled.py` lists them), compiled as they are written: Cython reads
   plain Python, and the compiled module does what the source does at about half the CPU.
 
@@ -24,7 +26,7 @@ try:
 except ImportError:  # a build without Cython: plain Python only
     ext_modules = []
 else:
-    ext_modules = cythonize(["proxy/detect/_content.pyx"], compiler_directives={"language_level": "3"})
+    ext_modules = cythonize(["proxy/detect/_content.pyx", "proxy/wire/_items.pyx"], compiler_directives={"language_level": "3"})
     if os.environ.get("LOOPWARDEN_NO_EXTENSIONS") != "1":
         # Type annotations stay annotations: the modules are compiled with Python's semantics, unchanged.
         # Named explicitly: a folder without __init__.py (proxy/server) would not give cythonize the full name.

@@ -102,9 +102,48 @@ def as_messages_api(history: list[dict]) -> dict:
     return {"model": "bench", "max_tokens": 1024, "system": system, "messages": messages}
 
 
+def as_responses_api(history: list[dict]) -> dict:
+    """The same conversation as Codex CLI sends it on the Responses API (nothing kept by the service): message,
+    function_call and function_call_output items."""
+    items = []
+    for message in history[1:]:
+        if message["role"] == "assistant":
+            call = message["tool_calls"][0]
+            items += [{"type": "message", "role": "assistant",
+                       "content": [{"type": "output_text", "text": message["content"]}]},
+                      {"type": "function_call", "call_id": call["id"], "name": call["function"]["name"],
+                       "arguments": call["function"]["arguments"]}]
+        elif message["role"] == "tool":
+            items.append({"type": "function_call_output", "call_id": message["tool_call_id"],
+                          "output": message["content"]})
+        else:
+            items.append({"type": "message", "role": "user",
+                          "content": [{"type": "input_text", "text": message["content"]}]})
+    return {"model": "bench", "instructions": history[0]["content"], "input": items, "store": False}
+
+
+def as_gemini_api(history: list[dict]) -> dict:
+    """The same conversation as Gemini CLI sends it: model turns with functionCall parts, user turns with
+    functionResponse parts."""
+    contents = []
+    for message in history[1:]:
+        if message["role"] == "assistant":
+            call = message["tool_calls"][0]["function"]
+            contents.append({"role": "model", "parts": [{"text": message["content"]}, {"functionCall": {
+                "name": call["name"], "args": orjson.loads(call["arguments"])}}]})
+        elif message["role"] == "tool":
+            contents.append({"role": "user", "parts": [{"functionResponse": {
+                "name": "read_file", "response": {"output": message["content"]}}}]})
+        else:
+            contents.append({"role": "user", "parts": [{"text": message["content"]}]})
+    return {"contents": contents, "systemInstruction": {"parts": [{"text": history[0]["content"]}]}}
+
+
 DIALECTS = {  # name: (path, the body of the first n messages of a history)
-    "chat": ("/chat/completions", lambda history, n: {"model": "bench", "messages": history[:n]}),
-    "Messages": ("/messages", lambda history, n: as_messages_api(history[:n])),
+    "chat": ("/v1/chat/completions", lambda history, n: {"model": "bench", "messages": history[:n]}),
+    "Responses": ("/v1/responses", lambda history, n: as_responses_api(history[:n])),
+    "Messages": ("/v1/messages", lambda history, n: as_messages_api(history[:n])),
+    "Gemini": ("/v1beta/models/bench:generateContent", lambda history, n: as_gemini_api(history[:n])),
 }
 
 
@@ -121,13 +160,14 @@ async def against_the_relay(sizes: list[int], requests: int) -> None:
                                            upstream]))
         processes.append(subprocess.Popen(
             [python, "-m", "proxy", "serve", "--port", str(lw_port), "--upstream", upstream,
-             "--anthropic-upstream-url", upstream, "--log-level", "warning", "--llm-check", "false",
+             "--anthropic-upstream-url", upstream, "--gemini-upstream-url", upstream.removesuffix("/v1"),
+             "--log-level", "warning", "--llm-check", "false",
              "--database-url", f"sqlite+aiosqlite:///{tmp}/bench.db"], cwd=ROOT))
-        targets = {"direct": (upstream, processes[0].pid), "relay": (f"http://127.0.0.1:{relay_port}/v1",
-                                                                     processes[1].pid),
-                   "loopwarden": (f"http://127.0.0.1:{lw_port}/v1", processes[2].pid)}
+        targets = {"direct": (f"http://127.0.0.1:{up_port}", processes[0].pid),
+                   "relay": (f"http://127.0.0.1:{relay_port}", processes[1].pid),
+                   "loopwarden": (f"http://127.0.0.1:{lw_port}", processes[2].pid)}
         for url, _ in targets.values():
-            await wait_ready(url)
+            await wait_ready(url + "/v1")
         print("| dialect | messages | MB | relay CPU ms | loopwarden CPU ms | ratio | relay added ms | "
               "loopwarden added ms |\n|---|---|---|---|---|---|---|---|")
         async with aiohttp.ClientSession() as http:
@@ -157,8 +197,11 @@ async def against_the_relay(sizes: list[int], requests: int) -> None:
 
 
 async def post(http: aiohttp.ClientSession, url: str, body: bytes, session: str) -> None:
-    async with http.post(url, data=body, headers={"Content-Type": "application/json", "anthropic-version": "2023-06-01",
-                                                   "X-Loopwarden-Session": session}) as response:
+    """A request as its dialect's clients send it (the Messages API's version header, the Gemini API's key)."""
+    headers = {"Content-Type": "application/json", "X-Loopwarden-Session": session}
+    headers.update({"anthropic-version": "2023-06-01"} if url.endswith("/messages") else
+                   {"x-goog-api-key": "bench"} if ":generateContent" in url else {})
+    async with http.post(url, data=body, headers=headers) as response:
         await response.read()
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status} from {url}")

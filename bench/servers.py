@@ -152,11 +152,22 @@ async def upstream_messages(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def upstream_gemini(request: web.Request) -> web.Response:
+    """The Gemini API's generateContent: a JSON answer."""
+    await request.read()
+    return web.Response(body=orjson.dumps({
+        "candidates": [{"content": {"role": "model", "parts": [{"text": "All done: the tests pass now."}]},
+                        "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 8, "totalTokenCount": 18},
+        "modelVersion": "bench", "responseId": f"gem_bench_{next(RESPONSE_IDS)}"}), content_type="application/json")
+
+
 def upstream_app() -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", upstream_chat)
     app.router.add_post("/v1/responses", upstream_responses)
     app.router.add_post("/v1/messages", upstream_messages)
+    app.router.add_post("/v1beta/models/{target}", upstream_gemini)
     app.router.add_get("/bench/streaming", lambda _: web.json_response(STREAMING[0]))
     return app
 
@@ -171,7 +182,7 @@ def relay_app(upstream: str) -> web.Application:
         await app["client"].close()
 
     async def relay(request: web.Request) -> web.StreamResponse:
-        async with request.app["client"].post(upstream + request.path[len("/v1"):], data=await request.read(),
+        async with request.app["client"].post(upstream.removesuffix("/v1") + request.path, data=await request.read(),
                                               headers={"Content-Type": "application/json",
                                                        **{k: v for k, v in request.headers.items()
                                                           if k.lower() == "x-bench-pace-ms"}}) as up:
@@ -186,6 +197,7 @@ def relay_app(upstream: str) -> web.Application:
     app.router.add_post("/v1/chat/completions", relay)
     app.router.add_post("/v1/responses", relay)
     app.router.add_post("/v1/messages", relay)
+    app.router.add_post("/v1beta/models/{target}", relay)
     return app
 
 

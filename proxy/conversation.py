@@ -65,14 +65,23 @@ class Anchor:
 class LazyMessages(Sequence):
     """A dialect's messages read as neutral ones only when looked at. A long conversation is sent again with
     every request, and the rules look at the messages since the previous request (the fold cache holds the
-    rest): their fingerprints come from the dialect's own items, cheaper than reading every one."""
+    rest): their fingerprints come from the dialect's own items, cheaper than reading every one. Where the
+    request's first `reused` items are those of `before` (the conversation's previous request, `KnownBodies`),
+    what was read of them and their fingerprints are taken from it."""
 
-    __slots__ = ("_raw", "_read", "_read_ones")
+    __slots__ = ("_raw", "_read", "_read_ones", "_fingerprints")
 
-    def __init__(self, raw: list, read: Callable[[Any], Message]) -> None:
+    def __init__(self, raw: list, read: Callable[[Any], Message], before: "LazyMessages | None" = None,
+                 reused: int = 0) -> None:
         self._raw = raw
         self._read = read
-        self._read_ones: list[Message | None] = [None] * len(raw)
+        self._fingerprints: list[int] | None = None
+        if before is not None and reused and before._read is read:
+            self._read_ones: list[Message | None] = before._read_ones[:reused] + [None] * (len(raw) - reused)
+            if before._fingerprints is not None:
+                self._fingerprints = before._fingerprints[:reused]
+        else:
+            self._read_ones = [None] * len(raw)
 
     def __len__(self) -> int:
         return len(self._raw)
@@ -98,17 +107,21 @@ class LazyMessages(Sequence):
 
     def fingerprints(self) -> list[int]:
         """A fingerprint per message, from its item as the client sent it."""
+        known = self._fingerprints or []
+        if len(known) == len(self._raw):
+            return known
         dumps = orjson.dumps
         try:
-            return [hash(dumps(item)) for item in self._raw]
+            fingerprints = known + [hash(dumps(item)) for item in self._raw[len(known):]]
         except orjson.JSONEncodeError:  # an item nested past what orjson writes: those are read instead
-            fingerprints = []
-            for index, item in enumerate(self._raw):
+            fingerprints = list(known)
+            for index in range(len(known), len(self._raw)):
                 try:
-                    fingerprints.append(hash(dumps(item)))
+                    fingerprints.append(hash(dumps(self._raw[index])))
                 except orjson.JSONEncodeError:
                     fingerprints.append(hash(self[index]))
-            return fingerprints
+        self._fingerprints = fingerprints
+        return fingerprints
 
 
 def role_at(messages: Sequence[Message], index: int) -> str:
@@ -127,6 +140,7 @@ class Conversation:
     messages: Sequence[Message]
     own_start: int = 0
     anchors: list[Anchor] | None = None
+    reading: Any = None  # what the dialect keeps of this reading, to read the conversation's next request from
 
     def anchor(self, place: int) -> Anchor:
         """Where something placed before neutral message `place` goes."""
@@ -252,3 +266,26 @@ class Messages:
     def add(self, message: Message, anchor: Anchor) -> None:
         self.messages.append(message)
         self.anchors.append(anchor)
+
+
+@dataclass(slots=True)
+class ItemReading:
+    """What a dialect read from a request's items, kept so that the conversation's next request, which begins
+    with the same items (`KnownBodies`), is read from the first item that differs."""
+
+    head: Any  # what was read before the items (the system prompt): the next reading must begin the same
+    messages: list[Message]
+    anchors: list[Anchor]
+    marks: list[int]  # per item, the messages read up to its end; -1 where reading cannot resume after it
+
+
+def resume(reading: Any, reused: int, head: Any) -> tuple[Messages, list[int]]:
+    """Where a reading of items resumes: the messages read from the first `reused` items (as far back as a
+    reading may resume) and their marks; nothing when `reading` is not an earlier reading of these items."""
+    if isinstance(reading, ItemReading) and reading.head == head:
+        for end in range(min(reused, len(reading.marks)), 0, -1):
+            count = reading.marks[end - 1]
+            if count >= 0:  # the messages before the items have no anchors
+                unanchored = len(reading.messages) - len(reading.anchors)
+                return Messages(reading.messages[:count], reading.anchors[:count - unanchored]), reading.marks[:end]
+    return Messages(), []

@@ -44,6 +44,7 @@ from proxy.detect.texts import cut_notice, stop_text, warning_text
 from proxy.lru import LRU
 from proxy.wire.dialect import Dialect, StreamAssembler
 from proxy.wire.errors import error_object
+from proxy.wire.known import LONG_BODY, Parsed, written
 from proxy.wire.sse import SSEParser
 
 # Read in this order; the README lists them with the agents that send them.
@@ -88,6 +89,13 @@ def session_of(headers: Mapping[str, str], messages: list[Message], tenant: str,
     alone."""
     named = named_session(headers, chain, side)
     return named if named is not None else opening_fingerprint(tenant, messages)[0]
+
+
+def body_slot(headers: Mapping[str, str], query: Mapping[str, str], dialect: str, raw: bytes) -> tuple:
+    """Where a long body is remembered for the conversation's next request (`KnownBodies`): per dialect, client
+    key and session headers, and by its opening bytes (an agent's subagents share its session header)."""
+    return (dialect, client_key(headers, query), *[headers.get(name) for name in SESSION_HEADERS],
+            headers.get("x-claude-code-agent-id"), raw[:LONG_BODY])
 
 
 def named_session(headers: Mapping[str, str], chain: Chain | None = None, side: bool = False) -> str | None:
@@ -183,6 +191,7 @@ class Incoming:
     path: str = ""  # the request's path, as sent (some dialects name the model there)
     query: Mapping[str, str] | None = None  # its query (the Gemini API may carry the key there)
     origin: str = ""  # the proxy's address as the client reached it (a resume link's, without PUBLIC_URL)
+    parsed: Parsed | None = None  # how the body was parsed: the items it shares with the conversation's last
 
 
 @dataclass
@@ -299,9 +308,13 @@ class Inspector:
         key_of_client = client_key(headers, incoming.query)
         tenant = tenant_of(key_of_client)
         kept_calls = self._kept_calls
+        parsed = incoming.parsed if cleaned is None else None  # a cleaned body's items are not those parsed
         conversation: Conversation = dialect.read(
             payload, chain.messages if chain is not None else None,
-            (lambda call_id: kept_calls.get((tenant, call_id))) if kept_calls else None)
+            (lambda call_id: kept_calls.get((tenant, call_id))) if kept_calls else None,
+            (parsed.reused, parsed.previous.reading) if parsed is not None and parsed.previous is not None else None)
+        if parsed is not None and parsed.known is not None:
+            parsed.known.reading = conversation.reading
         messages = conversation.messages
         session_id = named_session(headers, chain, dialect.is_side_request(payload))
         fingerprints = None  # the messages', for the fold cache; taken here when they name the session
@@ -363,7 +376,8 @@ class Inspector:
                                        if e.place >= conversation.own_start]
         if inserted:
             try:
-                body = orjson.dumps(dialect.with_warnings(payload, conversation, inserted))
+                body = written(payload, dialect.with_warnings(payload, conversation, inserted),
+                               parsed.known if parsed is not None else None)
             except orjson.JSONEncodeError as exc:  # nested past what is written here (255 levels)
                 raise RequestError(f"the request cannot carry loopwarden's warning: {exc}") from None
         if observe and (stop is not None or warnings):

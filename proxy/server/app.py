@@ -22,7 +22,7 @@ from proxy.server import guard as guard_module
 from proxy.server.http1 import UpstreamClient, UpstreamResponse
 from proxy.server.metrics import Metrics
 from proxy.server.telemetry import Telemetry
-from proxy.inspection import Forward, Incoming, Stop, Tap
+from proxy.inspection import Forward, Incoming, Stop, Tap, body_slot
 from proxy.server.upstream import (
     UpstreamFailure,
     climbs,
@@ -152,15 +152,17 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
     raw = await _whole_body(request, settings.max_body_bytes)
     if not raw or raw.isspace():
         return _refused(dialect, "request body is empty; expected a JSON object", "invalid_json")
+    guard = app[GUARD]
     try:
-        payload = orjson.loads(raw)
+        parsed = guard.bodies.parse(raw, dialect.items_key, lambda: body_slot(
+            request.headers, request.rel_url.query, dialect.name, raw))
     except orjson.JSONDecodeError as exc:
         return _refused(dialect, f"request body is not valid JSON: {exc}", "invalid_json")
+    payload = parsed.payload
     if not isinstance(payload, dict):
         return _refused(dialect, "request body must be a JSON object", "invalid_json")
 
     metrics = app[METRICS]
-    guard = app[GUARD]
     began = time.perf_counter()
     if span is not None:
         Telemetry.request(span, payload, dialect, request.rel_url.raw_path)
@@ -170,7 +172,7 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
     try:
         verdict = guard.inspector.inspect(Incoming(request.headers, raw, payload, dialect, chain,
                                                    request.rel_url.raw_path, request.rel_url.query,
-                                                   f"{request.scheme}://{request.host}"), span)
+                                                   f"{request.scheme}://{request.host}", parsed), span)
     except RequestError as exc:
         return _refused(dialect, str(exc), "invalid_value")
     if isinstance(verdict, Stop):

@@ -19,6 +19,7 @@ from proxy.judge import JUDGE_HEADER, JUDGE_TOKEN, Judge
 from proxy.server.alerts import Alerts
 from proxy.server.episodes import EpisodeLog
 from proxy.wire.dialect import Dialect
+from proxy.wire.known import KnownBodies
 from proxy.wire.messages import anthropic_root
 
 log = logging.getLogger("loopwarden.guard")
@@ -107,6 +108,7 @@ class Guard:
             if settings.webhook_url else None
         self.episodes = EpisodeLog(store, metrics, self.alerts)
         self.chain = ResponseChain(store)
+        self.bodies = KnownBodies()  # each long conversation's last body: the next is parsed from where it differs
         judge = Judge(settings.judge_url or settings.upstream_url, settings.judge_api_key or settings.upstream_api_key,
                       settings.judge_timeout, settings.judge_concurrency, anthropic_root(settings.anthropic_upstream_url),
                       settings.judge_api_key or settings.anthropic_upstream_api_key, settings.gemini_upstream_url,

@@ -105,20 +105,23 @@ def _message_reasoning(message: dict) -> str:
 
 class ChatDialect(OpenAIDialect):
     name = "chat"
+    items_key = "messages"
 
     @staticmethod
     def wrote(body: dict) -> bool:
         return "messages" in body
 
     @staticmethod
-    def read(payload: dict, history: list[Message] | None = None, kept_call=None) -> Conversation:
+    def read(payload: dict, history: list[Message] | None = None, kept_call=None, before=None) -> Conversation:
         """The request's messages: a chat request always carries its whole conversation (`history` unused)."""
         messages = payload.get("messages")
         if messages is None:
             return Conversation([])
-        if not (isinstance(messages, list) and all(isinstance(m, dict) for m in messages)):
+        reused, reading = before if before is not None else (0, None)
+        if not (isinstance(messages, list) and all(isinstance(m, dict) for m in messages[reused:])):
             raise RequestError("'messages' must be an array of objects")
-        return Conversation(LazyMessages(messages, from_record))
+        read = LazyMessages(messages, from_record, reading if isinstance(reading, LazyMessages) else None, reused)
+        return Conversation(read, reading=read)
 
     @staticmethod
     def with_warnings(payload: dict, conversation: Conversation, warnings: list[tuple[int, str, str]]) -> dict:

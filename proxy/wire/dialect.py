@@ -53,6 +53,7 @@ class StreamAssembler(Protocol):
 
 class Dialect(Protocol):
     name: str  # as detections record it (`detail.api`)
+    items_key: str  # the top-level member whose list holds the conversation (`KnownBodies`)
     provider: str  # the provider family, as telemetry names it (`gen_ai.provider.name`) and the judge asks it
 
     def claims(self, headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
@@ -69,10 +70,12 @@ class Dialect(Protocol):
         headers it replaces, and the header that carries it. None: the client's own key goes up."""
 
     def read(self, payload: dict, history: list[Message] | None = None,
-             kept_call: Callable[[str], ToolCall | None] | None = None) -> Conversation:
+             kept_call: Callable[[str], ToolCall | None] | None = None,
+             before: tuple[int, Any] | None = None) -> Conversation:
         """The request's conversation (`history`: what a chained request continues; `kept_call`: a call, by its
-        id, of an answer the service keeps, for a request that names it rather than sending it). Raises
-        RequestError."""
+        id, of an answer the service keeps, for a request that names it rather than sending it; `before`: how
+        many of its first items are those of the conversation's previous request, and that request's
+        `Conversation.reading`, reused for them). Raises RequestError."""
 
     def with_warnings(self, payload: dict, conversation: Conversation, warnings: list[tuple[int, str, str]]) -> dict:
         """The request with each warning (place, role, text) inserted before the neutral message at its place."""

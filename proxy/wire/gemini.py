@@ -19,8 +19,8 @@ from urllib.parse import parse_qsl, unquote, urlencode
 import orjson
 from yarl import URL
 
-from proxy.conversation import ASSISTANT, SYSTEM, TOOL, USER, Anchor, Conversation, Message, Messages, ToolCall, \
-    arguments_text, insert_placed
+from proxy.conversation import ASSISTANT, SYSTEM, TOOL, USER, Anchor, Conversation, ItemReading, Message, \
+    Messages, ToolCall, arguments_text, insert_placed, resume
 from proxy.wire.dialect import Credentials, DialectDefaults, RequestError, join_url, positive_int, sse
 
 _REPLACED = frozenset({b"authorization", b"x-goog-api-key"})  # whichever auth the client used
@@ -130,6 +130,7 @@ def _status(type_: str) -> str:
 
 class GeminiDialect(DialectDefaults):
     name = "gemini"
+    items_key = "contents"
     provider = "gcp.gemini"
 
     @staticmethod
@@ -158,22 +159,27 @@ class GeminiDialect(DialectDefaults):
         return None
 
     @staticmethod
-    def read(payload: dict, history: list[Message] | None = None, kept_call=None) -> Conversation:
+    def read(payload: dict, history: list[Message] | None = None, kept_call=None, before=None) -> Conversation:
+        """Its system instruction, then its contents' parts as neutral messages (from the first one `before` did
+        not read: `(items reused, the reading of the request they come from)`)."""
         contents = payload.get("contents")
         if contents is None:
             contents = []
-        if not (isinstance(contents, list) and all(isinstance(c, dict) for c in contents)):
+        reused, reading = before if before is not None else (0, None)
+        if not (isinstance(contents, list) and all(isinstance(c, dict) for c in contents[reused:])):
             raise RequestError("'contents' must be an array of objects")
-        read = Messages()
         system = _system_text(payload.get("systemInstruction") or payload.get("system_instruction"))
-        if system:
+        read, marks = resume(reading, reused, system)
+        if not marks and system:
             read.add(Message(SYSTEM, system), Anchor(0))  # nothing is ever placed after the system prompt
-        for index, content in enumerate(contents):
+        for index in range(len(marks), len(contents)):
+            content = contents[index]
             if content.get("role") == "model":
                 read.add(model_turn(_parts(content)), Anchor(index + 1))
             else:
                 _read_user(index, _parts(content), read)
-        return Conversation(read.messages, 0, read.anchors)
+            marks.append(len(read.messages))
+        return Conversation(read.messages, 0, read.anchors, ItemReading(system, read.messages, read.anchors, marks))
 
     @staticmethod
     def with_warnings(payload: dict, conversation: Conversation, warnings: list[tuple[int, str, str]]) -> dict:

@@ -20,8 +20,8 @@ from typing import Any, Mapping
 import orjson
 from yarl import URL
 
-from proxy.conversation import ASSISTANT, CUT_NOTICE_PREFIX, SYSTEM, TOOL, USER, Anchor, Conversation, Message, \
-    Messages, ToolCall, arguments_text, insert_placed
+from proxy.conversation import ASSISTANT, CUT_NOTICE_PREFIX, SYSTEM, TOOL, USER, Anchor, Conversation, \
+    ItemReading, Message, Messages, ToolCall, arguments_text, insert_placed, resume
 from proxy.wire.dialect import Credentials, DialectDefaults, RequestError, join_url, positive_int, sse
 
 _REPLACED = frozenset({b"authorization", b"x-api-key"})
@@ -112,6 +112,7 @@ def anthropic_root(url: str) -> str:
 
 class MessagesDialect(DialectDefaults):
     name = "messages"
+    items_key = "messages"
     provider = "anthropic"
 
     @staticmethod
@@ -140,21 +141,24 @@ class MessagesDialect(DialectDefaults):
         return None
 
     @staticmethod
-    def read(payload: dict, history: list[Message] | None = None, kept_call=None) -> Conversation:
-        """Its system prompt, then its messages' blocks as neutral messages."""
+    def read(payload: dict, history: list[Message] | None = None, kept_call=None, before=None) -> Conversation:
+        """Its system prompt, then its messages' blocks as neutral messages (from the first one `before` did
+        not read: `(items reused, the reading of the request they come from)`)."""
         raw = payload.get("messages")
         if raw is None:
             raw = []
-        if not (isinstance(raw, list) and all(isinstance(m, dict) for m in raw)):
+        reused, reading = before if before is not None else (0, None)
+        if not (isinstance(raw, list) and all(isinstance(m, dict) for m in raw[reused:])):
             raise RequestError("'messages' must be an array of objects")
         system = payload.get("system")
         if system is not None and not isinstance(system, str | list):
             raise RequestError("'system' must be a string or an array of text blocks")
-        read = Messages()
         text = _text_of(system)
-        if text:
+        read, marks = resume(reading, reused, text)
+        if not marks and text:
             read.add(Message(SYSTEM, text), Anchor(0))  # nothing is ever placed after the system prompt
-        for index, message in enumerate(raw):
+        for index in range(len(marks), len(raw)):
+            message = raw[index]
             role = message.get("role")
             if role == ASSISTANT:
                 read.add(assistant_message(_blocks(message)), Anchor(index + 1))
@@ -162,7 +166,8 @@ class MessagesDialect(DialectDefaults):
                 _read_user(index, _blocks(message), read)
             else:  # Claude Code's `role: "system"` notices: agent-written, read by no rule
                 read.add(Message(SYSTEM, _text_of(message.get("content"))), Anchor(index + 1))
-        return Conversation(read.messages, 0, read.anchors)
+            marks.append(len(read.messages))
+        return Conversation(read.messages, 0, read.anchors, ItemReading(text, read.messages, read.anchors, marks))
 
     @staticmethod
     def with_warnings(payload: dict, conversation: Conversation, warnings: list[tuple[int, str, str]]) -> dict:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from proxy.conversation import ASSISTANT, TOOL, USER, Anchor, Conversation, Message, Messages, ToolCall, \
-    arguments_text, insert_placed, text_of
+from proxy.conversation import ASSISTANT, TOOL, USER, Anchor, Conversation, ItemReading, Message, Messages, \
+    ToolCall, arguments_text, insert_placed, resume, text_of
 from proxy.wire.chat import OpenAIDialect
 from proxy.wire.dialect import RequestError, positive_int, sse
 from proxy.wire.errors import error_object
@@ -47,23 +47,26 @@ def _output_text(output: Any) -> str:
     return text_of(output)
 
 
-def read_items(items: list, into: Messages, kept_call: Callable[[str], ToolCall | None] | None = None) -> None:
+def read_items(items: list, into: Messages, kept_call: Callable[[str], ToolCall | None] | None = None,
+               marks: list[int] | None = None) -> None:
     """Input items as neutral messages, each anchored just past its last item. A result whose call the input
     only names (an `item_reference`, as the AI SDK sends a kept response's call) gets that call, when
-    `kept_call` knows it, as the assistant's turn before it."""
+    `kept_call` knows it, as the assistant's turn before it. `marks`: an `ItemReading`'s, of the items read into
+    `into` already (reading goes on after them); each item's is added (-1 after an assistant turn that a next
+    call item would join)."""
+    marks = [] if marks is None else marks
     turn_open = False  # the last message is an assistant turn that further call items join
     called = {call.id for message in into.messages for call in message.calls} if kept_call is not None else ()
-    for index, item in enumerate(items):
-        if not isinstance(item, dict):
-            continue
-        kind = item.get("type", "message" if "role" in item else None)
-        if not isinstance(kind, str):
-            continue  # not an item the service would take; forwarded, and its answer says so
+    for index in range(len(marks), len(items)):
+        item = items[index]
+        kind = item.get("type", "message" if "role" in item else None) if isinstance(item, dict) else None
         if kind == "message":
             role = item.get("role")
             message = Message(role if isinstance(role, str) else USER, text_of(item.get("content")))
             into.add(message, Anchor(index + 1))
             turn_open = message.role == ASSISTANT
+        elif not isinstance(kind, str):
+            pass  # not an item the service would take; forwarded, and its answer says so
         elif kind in CALL_TYPES:
             if kept_call is not None:
                 called.add(_call_id(item))
@@ -82,6 +85,7 @@ def read_items(items: list, into: Messages, kept_call: Callable[[str], ToolCall 
             into.add(Message(TOOL, _output_text(item.get("output")), call_id=call_id), Anchor(index + 1))
             turn_open = False
         # reasoning, item_reference and the rest: not part of the conversation the rules read
+        marks.append(-1 if turn_open else len(into.messages))
 
 
 def _id(value: Any) -> str | None:
@@ -92,27 +96,34 @@ def _id(value: Any) -> str | None:
 
 class ResponsesDialect(OpenAIDialect):
     name = "responses"
+    items_key = "input"
 
     @staticmethod
     def wrote(body: dict) -> bool:
         return "input" in body and "messages" not in body
 
     @staticmethod
-    def read(payload: dict, history: list[Message] | None = None, kept_call=None) -> Conversation:
+    def read(payload: dict, history: list[Message] | None = None, kept_call=None, before=None) -> Conversation:
         """Its instructions (the system prompt), what the chain before it held (`history`), then its own input
-        items. Only the input items are the request's own: they are what a warning can be inserted among, and
+        items (from the first one `before` did not read: `(items reused, the reading of the request they come
+        from)`). Only the input items are the request's own: they are what a warning can be inserted among, and
         what the service will keep."""
         instructions = payload.get("instructions")
         raw_input = payload.get("input")
-        own = Messages()
-        if isinstance(instructions, str) and instructions:
-            own.messages.append(Message("system", instructions))
-        own.messages += history or []
-        own_start = len(own.messages)
+        system = instructions if isinstance(instructions, str) and instructions else ""
+        reused, reading = before if before is not None and not history else (0, None)
+        own, marks = resume(reading, reused, system)
+        if not marks:
+            if system:
+                own.messages.append(Message("system", system))
+            own.messages += history or []
+        own_start = len(own.messages) - len(own.anchors) if marks else len(own.messages)
         if isinstance(raw_input, str):
             own.add(Message(USER, raw_input), Anchor(1))
         elif isinstance(raw_input, list):
-            read_items(raw_input, own, kept_call)
+            read_items(raw_input, own, kept_call, marks)
+            return Conversation(own.messages, own_start, own.anchors,
+                                ItemReading(system, own.messages, own.anchors, marks) if not history else None)
         elif raw_input is not None:
             raise RequestError("'input' must be a string or an array of items")
         return Conversation(own.messages, own_start, own.anchors)

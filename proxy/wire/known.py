@@ -1,0 +1,173 @@
+"""A long conversation's next request, parsed from where it differs from the one before.
+
+An agent resends its whole conversation with every request, a few messages longer each time. The body of a
+session's last long request is remembered with where each item of its conversation list ends (as bytes); the
+next body is compared with it at memory speed, and only what follows the last item the two share is parsed.
+The payload handed on is the one a whole parse gives (the shared items are the very objects parsed before), and
+`reused` says how many leading items those are, so a dialect reads only the items after them.
+
+Pure code, no I/O. The scanner that finds the items is compiled (`proxy/wire/_items.pyx`); where it is not built
+(or `LOOPWARDEN_NO_EXTENSIONS=1`), every body is parsed whole, with the same result.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from bisect import bisect_right
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable
+
+import orjson
+
+try:
+    if os.environ.get("LOOPWARDEN_NO_EXTENSIONS", "") == "1":
+        raise ImportError("plain Python asked for")
+    from proxy.wire._items import common_prefix, item_ends, member
+except ImportError:  # not built: bodies are parsed whole
+    member = None
+
+# Below this a body is parsed whole: cheaper than remembering it.
+LONG_BODY = 64 * 1024
+# The bodies remembered, all sessions together (each also holds its parsed items, about twice its size more);
+# the least recently used go first, and their sessions' next requests are parsed whole.
+KNOWN_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(slots=True, eq=False)
+class KnownBody:
+    """A session's last long body: where its list's items end, and what they were parsed to."""
+
+    raw: bytes
+    key: str  # the top-level member holding the conversation's items
+    list_start: int  # the offset just inside the list's `[`
+    head: dict  # the top-level members before the list
+    items: list  # the list's items, parsed
+    ends: list[int]  # the offset just past each item
+    close: int  # the offset of the list's closing `]`
+    reading: Any = None  # what the dialect read from the items, for it to reuse (`Dialect.read`)
+
+
+@dataclass(slots=True)
+class Parsed:
+    payload: Any
+    reused: int = 0  # leading items that are the previous body's (the same objects)
+    previous: KnownBody | None = None  # the body they come from
+    known: KnownBody | None = None  # this body, remembered for the next (its `reading` is set by the reader)
+
+
+class KnownBodies:
+    """The last long body of each session, within a byte budget."""
+
+    def __init__(self, budget: int = KNOWN_BYTES) -> None:
+        self.budget = budget
+        self.size = 0
+        self._bodies: OrderedDict[Hashable, KnownBody] = OrderedDict()
+
+    def parse(self, raw: bytes, key: str | None, slot_of: Callable[[], Hashable]) -> Parsed:
+        """`raw` parsed as `orjson.loads` parses it (raising what it raises), reusing the items of the body last
+        parsed in its slot (`slot_of()`: whose conversation it is likely to be) that it begins with. `key`: the
+        top-level member whose list holds the conversation."""
+        if member is None or key is None or len(raw) < LONG_BODY:
+            return Parsed(orjson.loads(raw))
+        slot = slot_of()
+        previous = self._bodies.pop(slot, None)
+        if previous is not None:
+            self.size -= len(previous.raw)
+            parsed = _continued(previous, raw, key) if previous.key == key else None
+            if parsed is not None:
+                self._remember(slot, parsed.known)
+                return parsed
+        payload = orjson.loads(raw)
+        known = _first(raw, key, payload)
+        if known is not None:
+            self._remember(slot, known)
+        return Parsed(payload, known=known)
+
+    def _remember(self, slot: Hashable, known: KnownBody) -> None:
+        self._bodies[slot] = known
+        self.size += len(known.raw)
+        while self.size > self.budget and self._bodies:
+            self.size -= len(self._bodies.popitem(last=False)[1].raw)
+
+
+def _first(raw: bytes, key: str, payload: Any) -> KnownBody | None:
+    """A body parsed whole, with where its list's items end; None when its list cannot be found as bytes."""
+    if not isinstance(payload, dict) or not isinstance(items := payload.get(key), list):
+        return None
+    span = member(raw, key.encode())
+    if span is None or raw[span[0]] != 0x5B:  # `[`
+        return None
+    found = item_ends(raw, span[0] + 1, False)
+    if found is None or len(found[0]) != len(items):
+        return None
+    head = orjson.loads(raw[:span[0]] + b"0}")
+    del head[key]
+    return KnownBody(raw, key, span[0] + 1, head, items, *found)
+
+
+def _continued(previous: KnownBody, raw: bytes, key: str) -> Parsed | None:
+    """`raw` read from the last item it shares with `previous`; None when it shares none (or the rest is not a
+    continuation of the list, or not JSON: the whole parse then says what it says)."""
+    shared = common_prefix(previous.raw, raw)
+    if shared < previous.list_start:
+        return None
+    reused = bisect_right(previous.ends, shared)
+    start = previous.ends[reused - 1] if reused else previous.list_start
+    found = item_ends(raw, start, reused > 0)
+    if found is None:
+        return None
+    ends, close = found
+    # The rest as a document of its own: the list (behind a placeholder item where it continues) and the
+    # members after it.
+    opening = b'{"' + key.encode() + (b'":[0' if reused else b'":[')
+    try:
+        rest = orjson.loads(opening + raw[start:])
+    except orjson.JSONDecodeError:
+        return None
+    new = rest.get(key)
+    if not isinstance(new, list) or len(new) != len(ends) + (1 if reused else 0):
+        return None
+    items = previous.items[:reused] + (new[1:] if reused else new)
+    rest[key] = items
+    payload = {**previous.head, **rest}
+    known = KnownBody(raw, key, previous.list_start, previous.head, items, previous.ends[:reused] + ends, close,
+                      previous.reading)
+    return Parsed(payload, reused, previous, known)
+
+
+_BEFORE_ITEM = re.compile(rb"[ \t\r\n]*,?[ \t\r\n]*")  # what separates an item from the one before
+
+
+def written(original: dict, changed: dict, known: KnownBody | None) -> bytes:
+    """`changed` as JSON, where it is `original` (the body `known` was parsed from) with items inserted into or
+    replaced in its list: the unchanged items are the client's bytes as sent, only the others are written.
+    (Elsewhere: written whole.)"""
+    items = changed.get(known.key) if known is not None else None
+    if items is None or not isinstance(items, list) or list(changed) != list(original) or any(
+            changed[name] is not original[name] for name in original if name != known.key):
+        return orjson.dumps(changed)
+    raw, ends, place = known.raw, known.ends, {id(item): n for n, item in enumerate(known.items)}
+    pieces: list[bytes] = []
+    run: list[int] = []  # the first and last of consecutive known items
+
+    def flush() -> None:
+        if run:
+            begin = _BEFORE_ITEM.match(raw, ends[run[0] - 1]).end() if run[0] else known.list_start
+            pieces.append(raw[begin:ends[run[1]]])
+            run.clear()
+
+    for item in items:
+        n = place.get(id(item))
+        if n is not None and known.items[n] is item:
+            if run and n == run[1] + 1:
+                run[1] = n
+                continue
+            flush()
+            run.extend((n, n))
+        else:
+            flush()
+            pieces.append(orjson.dumps(item))
+    flush()
+    return raw[:known.list_start] + b",".join(pieces) + raw[known.close:]
