@@ -302,17 +302,20 @@ class Inspector:
         if self.is_judge(headers):
             return Forward(incoming.raw)  # the judge's own request: not a session's turn
         raw = incoming.raw
-        cleaned = dialect.forwardable(payload)
+        parsed = incoming.parsed
+        previous = parsed.previous if parsed is not None else None
+        cleaned = dialect.forwardable(payload, parsed.reused if previous is not None and previous.forwardable else 0)
         if cleaned is not None:  # a block the service would refuse (one the proxy cut) is left out
-            payload, raw = cleaned, orjson.dumps(cleaned)
+            payload, raw, parsed = cleaned, orjson.dumps(cleaned), None  # its items are no longer those parsed
+        elif parsed is not None and parsed.known is not None:
+            parsed.known.forwardable = True
         key_of_client = client_key(headers, incoming.query)
         tenant = tenant_of(key_of_client)
         kept_calls = self._kept_calls
-        parsed = incoming.parsed if cleaned is None else None  # a cleaned body's items are not those parsed
         conversation: Conversation = dialect.read(
             payload, chain.messages if chain is not None else None,
             (lambda call_id: kept_calls.get((tenant, call_id))) if kept_calls else None,
-            (parsed.reused, parsed.previous.reading) if parsed is not None and parsed.previous is not None else None)
+            (parsed.reused, previous.reading) if parsed is not None and previous is not None else None)
         if parsed is not None and parsed.known is not None:
             parsed.known.reading = conversation.reading
         messages = conversation.messages

@@ -258,3 +258,21 @@ def test_a_warning_is_written_into_the_body_as_sent_touching_only_where_it_goes(
     first = min(conversation.anchor(place).item for place in places)
     if first:
         assert body[:parsed.known.ends[first - 1]] == raw[:parsed.known.ends[first - 1]]
+
+
+@given(st.lists(st.booleans(), min_size=2, max_size=8))
+def test_a_thinking_block_the_proxy_cut_is_left_out_wherever_it_is_in_a_continued_conversation(cut_steps):
+    """An unsigned thinking block (a stream cut inside the thinking) in any assistant turn, early or new, is
+    left out of every request that carries it, as from a whole parse."""
+    items: list[dict] = []
+    bodies = []
+    for number, cut in enumerate(cut_steps):
+        step = messages_items(number, "ok" if number % 2 else "same")
+        if cut:
+            step[0]["content"].insert(0, {"type": "thinking", "thinking": "Let me think"})
+        items += step
+        bodies.append(orjson.dumps(DIALECTS["messages"][1](items)))
+    assert verdicts("messages", bodies, True) == verdicts("messages", bodies, False)
+    sent = verdicts("messages", bodies, True)[len(bodies) - 1]
+    assert sent[0] == "stop" or not any(block.get("type") == "thinking" for message in sent[2]["messages"]
+                                        for block in message["content"] if isinstance(block, dict))

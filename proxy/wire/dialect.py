@@ -86,9 +86,10 @@ class Dialect(Protocol):
     def reasoning(self, body: dict) -> str:
         """The reasoning text of a non-streamed answer."""
 
-    def forwardable(self, payload: dict) -> dict | None:
+    def forwardable(self, payload: dict, checked: int = 0) -> dict | None:
         """The request as it may go upstream, where something the client sent back must be left out (a thinking
-        block the proxy cut, which the service would refuse); None when it goes as it came."""
+        block the proxy cut, which the service would refuse); None when it goes as it came. (`checked`: its
+        first items are known to hold nothing to leave out.)"""
 
     def stream(self) -> StreamAssembler: ...
 
@@ -135,7 +136,7 @@ class DialectDefaults:
         return False
 
     @staticmethod
-    def forwardable(payload: dict) -> dict | None:
+    def forwardable(payload: dict, checked: int = 0) -> dict | None:
         return None
 
 

@@ -47,6 +47,7 @@ class KnownBody:
     ends: list[int]  # the offset just past each item
     close: int  # the offset of the list's closing `]`
     reading: Any = None  # what the dialect read from the items, for it to reuse (`Dialect.read`)
+    forwardable: bool = False  # it went upstream as it came (`Dialect.forwardable`): its items hold nothing to cut
 
 
 @dataclass(slots=True)

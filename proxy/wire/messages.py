@@ -190,14 +190,15 @@ class MessagesDialect(DialectDefaults):
         return _thinking_text(content) if isinstance(content, list) else ""
 
     @staticmethod
-    def forwardable(payload: dict) -> dict | None:
+    def forwardable(payload: dict, checked: int = 0) -> dict | None:
         """The request without the unsigned thinking blocks of its assistant messages (a stream the proxy cut
         inside the thinking left one; the service answers 400 to it). None when it has none. A message left with
-        no block keeps the cut notice's words, as the proxy's, for the service refuses an empty one."""
+        no block keeps the cut notice's words, as the proxy's, for the service refuses an empty one. (The first
+        `checked` messages are known to hold none.)"""
         messages = payload.get("messages")
         if not isinstance(messages, list) or not any(
                 isinstance(m, dict) and m.get("role") == ASSISTANT and isinstance(m.get("content"), list)
-                and any(_unsigned(b) for b in m["content"]) for m in messages):
+                and any(_unsigned(b) for b in m["content"]) for m in messages[checked:]):
             return None
         kept = []
         for message in messages:
