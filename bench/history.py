@@ -32,10 +32,10 @@ from overhead import Served, cpu_seconds, free_port, wait_ready  # noqa: E402
 WARM_REQUESTS = 10
 
 
-def long_conversation(messages: int) -> list[dict]:
+def long_conversation(messages: int, task: str = "the storage layer") -> list[dict]:
     """Distinct reads of distinct files, each answered with about 2.5 KB of source."""
     result = [{"role": "system", "content": "You are a careful coding agent."},
-              {"role": "user", "content": "Refactor the storage layer and keep the tests green."}]
+              {"role": "user", "content": f"Refactor {task} and keep the tests green."}]
     step = 0
     while len(result) < messages:
         call_id = f"call_{step}"
@@ -49,11 +49,11 @@ def long_conversation(messages: int) -> list[dict]:
     return result[:messages]
 
 
-async def timed(http: aiohttp.ClientSession, url: str, body: bytes) -> float:
+async def timed(http: aiohttp.ClientSession, url: str, body: bytes, session: str = "history-bench") -> float:
     started = time.perf_counter()
     async with http.post(url + "/chat/completions", data=body,
                          headers={"Content-Type": "application/json",
-                                  "X-Loopwarden-Session": "history-bench"}) as response:
+                                  "X-Loopwarden-Session": session}) as response:
         await response.read()
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}: {(await response.read())[:200]!r}")
@@ -72,15 +72,22 @@ async def main(messages: int, replicas: int) -> None:
           f"{replicas} fresh replicas\n")
     cold: list[float] = []
     warm: list[float] = []
-    for _ in range(replicas):
+    unseen: list[float] = []
+    for replica in range(replicas):
         async with Served("history") as served, aiohttp.ClientSession() as http:
             upstream = f"http://127.0.0.1:{served.up_port}/v1"
             direct = [await direct_time(http, upstream, body) for body in bodies]
             cold.append(await timed(http, served.url, bodies[0]) - direct[0])
             for n in range(1, WARM_REQUESTS + 1):
                 warm.append(await timed(http, served.url, bodies[n]) - direct[n])
+            for other in range(3):  # conversations this replica has not seen, as long (a session moved here)
+                body = orjson.dumps({"model": "bench", "messages": long_conversation(
+                    messages, f"module {replica}-{other}")})
+                took = await timed(http, served.url, body, f"unseen-{replica}-{other}")
+                unseen.append(took - await direct_time(http, upstream, body))
     print("| request | added p50 ms | added max ms | samples |\n|---|---|---|---|")
-    for name, values in (("first, on a fresh replica", cold), ("next ones, warm", warm)):
+    for name, values in (("first, on a fresh replica", cold), ("next ones, warm", warm),
+                         ("first of a conversation not seen before, on a warm replica", unseen)):
         print(f"| {name} | {statistics.median(values) * 1000:.1f} | {max(values) * 1000:.1f} | {len(values)} |")
 
 

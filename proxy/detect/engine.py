@@ -636,7 +636,7 @@ def fingerprints_of(messages: Sequence[Message]) -> list[int]:
 # dynamic threshold 1.4 times that: `_rule_turns`), then as far back as FIRST_SIGHT_MESSAGES messages or
 # FIRST_SIGHT_CHARS characters of text reach. What the task did before that window (an episode warned there, an
 # error seen twice) is not counted.
-FIRST_SIGHT_MESSAGES = 1000
+FIRST_SIGHT_MESSAGES = 400
 FIRST_SIGHT_CHARS = 2_000_000
 
 

@@ -30,9 +30,10 @@ except ImportError:  # not built: bodies are parsed whole
 
 # Below this a body is parsed whole: cheaper than remembering it.
 LONG_BODY = 64 * 1024
-# The bodies remembered, all sessions together (each also holds its parsed items, about twice its size more);
-# the least recently used go first, and their sessions' next requests are parsed whole.
-KNOWN_BYTES = 256 * 1024 * 1024
+# The bodies remembered, all sessions together (their items as parsed and read take 1.5-2 times as much again:
+# at most about 400 MB in all); the least recently used go first, and their sessions' next requests are parsed
+# whole.
+KNOWN_BYTES = 128 * 1024 * 1024
 
 
 @dataclass(slots=True, eq=False)
