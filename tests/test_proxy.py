@@ -12,6 +12,7 @@ import openai
 import orjson
 import pytest
 
+from proxy.wire import known
 from tests.fake_upstream import Turn
 from tests.test_fuzz import send_raw
 
@@ -435,3 +436,52 @@ async def test_a_method_a_path_does_not_take_is_openai_shaped_405(proxy):
         async with http.get(f"{proxy.root}/metrics") as r:
             counted = await r.text()
     assert 'loopwarden_requests_total{route="unmatched",status="405"} 1.0' in counted
+
+
+async def body_bytes(proxy) -> dict[str, float]:
+    async with aiohttp.ClientSession() as http, http.get(f"{proxy.root}/metrics") as response:
+        text = await response.text()
+    return {read: float(value) for read, value in
+            re.findall(r'^loopwarden_request_body_bytes_total\{read="(\w+)"\} (\S+)$', text, re.M)}
+
+
+async def test_a_long_conversation_is_parsed_from_where_it_grew_and_its_loop_is_still_warned(upstream, proxy):
+    """An agent resending a growing 100 KB+ history: each request goes upstream as the very bytes sent, only
+    its new part is parsed (where the scanner is compiled), and the loop at its end is warned as ever."""
+    client = openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0)
+    messages = list(MESSAGES)
+    warned_headers, client_bodies = [], []
+    try:
+        for step in range(40):
+            path = f"src/module_{step}.py" if step < 34 else "src/config.py"  # then the same read, again and again
+            messages += [{"role": "assistant", "content": None, "tool_calls": [{
+                "id": f"call_{step}", "type": "function",
+                "function": {"name": "read_file", "arguments": orjson.dumps({"path": path}).decode()}}]},
+                {"role": "tool", "tool_call_id": f"call_{step}",
+                 "content": f"# {path}\n" + "def handler(request):\n    return respond(request)\n" * 60}]
+            raw = await client.chat.completions.with_raw_response.create(
+                model="m", messages=messages, extra_headers={"X-Loopwarden-Session": "long-one"})
+            warned_headers.append(raw.headers.get("X-Loopwarden-Warning"))
+            client_bodies.append(raw.http_request.content)
+    finally:
+        await client.close()
+    bodies = [r.body for r in upstream.requests
+              if r.path == "/v1/chat/completions" and "X-Loopwarden-Judge" not in r.headers]
+    assert len(bodies) == len(client_bodies) and len(bodies[-1]) > 100_000
+    warned = [n for n, header in enumerate(warned_headers) if header]
+    assert warned == [38, 39]  # the 5th and 6th identical reads (this proxy runs the ladder of five)
+    for n, body in enumerate(bodies):
+        if n not in warned:
+            assert body == client_bodies[n]  # as the client sent it, byte for byte
+        else:  # each warning spliced in at its place (the last after the last result), the rest as sent
+            forwarded = orjson.loads(body)["messages"]
+            assert [m for m in forwarded if not str(m["content"]).startswith("[loopwarden] ")] == \
+                orjson.loads(client_bodies[n])["messages"]
+            assert forwarded[-1]["content"].startswith("[loopwarden] ")
+            assert body.startswith(client_bodies[n][:client_bodies[n].index(b'"call_34"')])
+    read = await body_bytes(proxy)
+    assert read["parsed"] + read["known"] == sum(len(body) for body in client_bodies)
+    if known.member is not None:  # most of each long body was known from the request before
+        assert read["known"] > 0.8 * sum(len(body) for body in client_bodies if len(body) >= known.LONG_BODY)
+    else:
+        assert read["known"] == 0

@@ -163,6 +163,9 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
         return _refused(dialect, "request body must be a JSON object", "invalid_json")
 
     metrics = app[METRICS]
+    known = parsed.known.ends[parsed.reused - 1] if parsed.reused else 0
+    metrics.body_known.inc(known)
+    metrics.body_parsed.inc(len(raw) - known)
     began = time.perf_counter()
     if span is not None:
         Telemetry.request(span, payload, dialect, request.rel_url.raw_path)

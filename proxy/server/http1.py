@@ -524,7 +524,8 @@ class UpstreamClient:
         try:
             connection.start(response)
             if body is None or isinstance(body, bytes):
-                connection.transport.write(head + body if body else head)
+                # Two buffers, not joined: a long conversation's body is megabytes (the loop writes both at once).
+                connection.transport.writelines((head, body) if body else (head,))
             else:  # sent while the answer is awaited: an upstream may answer (413) before it has all of it
                 connection.transport.write(head)
                 sending = loop.create_task(_send_chunks(connection, body, chunked))

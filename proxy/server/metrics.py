@@ -34,6 +34,11 @@ class Metrics:
                                   buckets=_FAST, registry=r)
         self.detections = Counter("loopwarden_detections", "Loop episodes, by type, action and mode (enforce, observe)",
                                   ["type", "action", "mode"], registry=r)
+        self.body_bytes = Counter("loopwarden_request_body_bytes",
+                                  "Bytes of watched request bodies, by how they were read: parsed, or known (the "
+                                  "items a conversation's previous request held, not parsed again)", ["read"],
+                                  registry=r)
+        self.body_parsed, self.body_known = self.body_bytes.labels("parsed"), self.body_bytes.labels("known")
         self.open_streams = Gauge("loopwarden_open_streams", "Streams being relayed now", registry=r)
         # Read when scraped: a count that only grows is a leak (a task per request never finished).
         self.loop_tasks = Gauge("loopwarden_event_loop_tasks", "Tasks alive on the proxy's event loop", registry=r)
