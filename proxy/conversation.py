@@ -256,11 +256,30 @@ def arguments_text(arguments: Any) -> str:
         raise RequestError(f"tool call arguments cannot be read: {exc}") from None
 
 
+class KnownMessages(list):
+    """Neutral messages that keep their fingerprints once taken: where the next request's reading begins with
+    the first of them (`resume`), their fingerprints are not taken again (a long conversation's messages are
+    spread over memory; hashing them all again costs more than the rest of the verdict)."""
+
+    __slots__ = ("known_fingerprints",)
+
+    def __init__(self, messages=(), fingerprints: list[int] | None = None) -> None:
+        super().__init__(messages)
+        self.known_fingerprints = fingerprints or []
+
+    def fingerprints(self) -> list[int]:
+        """A fingerprint per message."""
+        known = self.known_fingerprints
+        if len(known) != len(self):
+            known = self.known_fingerprints = known + [hash(message) for message in self[len(known):]]
+        return known
+
+
 @dataclass
 class Messages:
     """A growing list of neutral messages with their anchors, as a dialect reads a request."""
 
-    messages: list[Message] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=KnownMessages)
     anchors: list[Anchor] = field(default_factory=list)
 
     def add(self, message: Message, anchor: Anchor) -> None:
@@ -287,5 +306,7 @@ def resume(reading: Any, reused: int, head: Any) -> tuple[Messages, list[int]]:
             count = reading.marks[end - 1]
             if count >= 0:  # the messages before the items have no anchors
                 unanchored = len(reading.messages) - len(reading.anchors)
-                return Messages(reading.messages[:count], reading.anchors[:count - unanchored]), reading.marks[:end]
+                known = getattr(reading.messages, "known_fingerprints", None)
+                messages = KnownMessages(reading.messages[:count], known[:count] if known else None)
+                return Messages(messages, reading.anchors[:count - unanchored]), reading.marks[:end]
     return Messages(), []

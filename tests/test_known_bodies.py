@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from proxy.config import build
+from proxy.detect.engine import fingerprints_of
 from proxy.inspection import Forward, Incoming, Inspector, Stop, body_slot
 from proxy.wire import known
 from proxy.wire.chat import ChatDialect
@@ -183,6 +184,7 @@ def test_a_dialect_reads_a_continued_request_as_it_reads_it_whole(name, results,
         whole = dialect.read(orjson.loads(raw))
         assert list(continued.messages) == list(whole.messages)
         assert continued.anchors == whole.anchors and continued.own_start == whole.own_start
+        assert fingerprints_of(continued.messages) == fingerprints_of(whole.messages)
 
 
 # -- the verdict ------------------------------------------------------------------------------------------------
