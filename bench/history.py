@@ -154,9 +154,12 @@ DIALECTS = {  # name: (path, the body of the first n messages of a history)
 }
 
 
-async def against_the_relay(sizes: list[int], requests: int) -> None:
+async def against_the_relay(sizes: list[int], requests: int, run: int) -> dict[tuple[str, int], tuple]:
     """Per dialect and length, a session growing two messages a request, sent to the upstream directly, through
-    the bare relay and through loopwarden (warm: the session seen before): wall time and each process's CPU."""
+    the bare relay and through loopwarden (warm: the session seen before): each process's CPU per request and
+    the added time (median against direct), by (dialect, messages): (MB, relay CPU, loopwarden CPU, relay added,
+    loopwarden added)."""
+    results = {}
     python, tmp = sys.executable, Path(tempfile.mkdtemp(prefix="lw-history-"))
     up_port, relay_port, lw_port = free_port(), free_port(), free_port()
     upstream = f"http://127.0.0.1:{up_port}/v1"
@@ -175,8 +178,6 @@ async def against_the_relay(sizes: list[int], requests: int) -> None:
                    "loopwarden": (f"http://127.0.0.1:{lw_port}", processes[2].pid)}
         for url, _ in targets.values():
             await wait_ready(url + "/v1")
-        print("| dialect | messages | MB | relay CPU ms | loopwarden CPU ms | ratio | relay added ms | "
-              "loopwarden added ms |\n|---|---|---|---|---|---|---|---|")
         async with aiohttp.ClientSession() as http:
             for dialect, (path, body_of) in DIALECTS.items():
                 for size in sizes:
@@ -184,7 +185,7 @@ async def against_the_relay(sizes: list[int], requests: int) -> None:
                     bodies = [orjson.dumps(body_of(history, size + 2 * n)) for n in range(requests + 1)]
                     walls, cpus = {}, {}
                     for name, (url, pid) in targets.items():
-                        session = f"history-{dialect}-{size}-{name}"
+                        session = f"history-{dialect}-{size}-{name}-{run}"
                         await post(http, url + path, bodies[0], session)  # seen before: the warm case
                         spent, took = cpu_seconds(pid), []
                         for body in bodies[1:]:
@@ -193,14 +194,32 @@ async def against_the_relay(sizes: list[int], requests: int) -> None:
                             took.append(time.perf_counter() - started)
                         cpus[name] = (cpu_seconds(pid) - spent) / requests * 1000
                         walls[name] = statistics.median(took) * 1000
-                    relay_cpu, lw_cpu = cpus["relay"], cpus["loopwarden"]
-                    print(f"| {dialect} | {size:,} | {len(bodies[-1]) / 1e6:.2f} | {relay_cpu:.1f} | {lw_cpu:.1f} | "
-                          f"{lw_cpu / relay_cpu:.1f}x | {walls['relay'] - walls['direct']:.1f} | "
-                          f"{walls['loopwarden'] - walls['direct']:.1f} |", flush=True)
+                    results[dialect, size] = (len(bodies[-1]) / 1e6, cpus["relay"], cpus["loopwarden"],
+                                              walls["relay"] - walls["direct"], walls["loopwarden"] - walls["direct"])
     finally:
         for process in processes:
             process.terminate()
             process.wait(timeout=30)
+    return results
+
+
+def relay_table(runs: list[dict[tuple[str, int], tuple]]) -> None:
+    """The median of each figure over the runs, and how the added time grows from the shortest length to each."""
+    print(f"Medians of {len(runs)} run(s).\n\n| dialect | messages | MB | relay CPU ms | loopwarden CPU ms | ratio | "
+          "relay added ms | loopwarden added ms | added growth from the shortest, against the relay's |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+    shortest: dict[str, tuple] = {}
+    for (dialect, size) in runs[0]:
+        mb, relay_cpu, lw_cpu, relay_added, lw_added = (statistics.median(run[dialect, size][k] for run in runs)
+                                                        for k in range(5))
+        growth = ""
+        if dialect not in shortest:
+            shortest[dialect] = (relay_added, lw_added)
+        elif relay_added > shortest[dialect][0]:
+            growth = f"{(lw_added - shortest[dialect][1]) / (relay_added - shortest[dialect][0]):.2f}x"
+        ratio = f"{lw_cpu / relay_cpu:.1f}x" if relay_cpu else "n/a"  # under a clock tick: too few requests
+        print(f"| {dialect} | {size:,} | {mb:.2f} | {relay_cpu:.1f} | {lw_cpu:.1f} | {ratio} | "
+              f"{relay_added:.1f} | {lw_added:.1f} | {growth} |", flush=True)
 
 
 async def post(http: aiohttp.ClientSession, url: str, body: bytes, session: str) -> None:
@@ -220,10 +239,12 @@ if __name__ == "__main__":
     parser.add_argument("--replicas", type=int, default=5)
     parser.add_argument("--against-relay", action="store_true",
                         help="per dialect, a warm session's CPU and added time against a bare relay")
-    parser.add_argument("--sizes", default="40,400,2000")
-    parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--sizes", default="40,400,2000,5000")
+    parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--runs", type=int, default=3, help="--against-relay: runs, each figure their median")
     args = parser.parse_args()
     if args.against_relay:
-        asyncio.run(against_the_relay([int(size) for size in args.sizes.split(",")], args.requests))
+        sizes = [int(size) for size in args.sizes.split(",")]
+        relay_table([asyncio.run(against_the_relay(sizes, args.requests, run)) for run in range(args.runs)])
     else:
         asyncio.run(main(args.messages, args.replicas))
