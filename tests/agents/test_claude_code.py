@@ -10,10 +10,12 @@ import re
 from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 
 from tests.agents import REQUIRE_AGENTS
 from tests.agents.scripted_upstream import responder
+from tests.fake_upstream import Turn
 
 CLAUDE = Path(__file__).parents[2] / ".venv-agents" / "node" / "node_modules" / ".bin" / "claude"
 pytestmark = pytest.mark.skipif(not CLAUDE.exists() and not REQUIRE_AGENTS,
@@ -108,3 +110,34 @@ async def test_claude_code_chanting_ends_with_the_notice_and_is_not_resumed(upst
     assert status == 0, output
     assert output.rstrip().endswith("[loopwarden] Output cut: the same text repeated 10 times.")
     assert len(turns(upstream)) == 1
+
+
+async def test_claude_code_long_conversation_is_read_from_where_it_grew(upstream, proxy_factory, tmp_path):
+    """Claude Code reading twelve 8 KB files, then one file again and again: its requests grow past 100 KB,
+    each is parsed from where it differs from the one before (the bytes it shares counted as known on
+    /metrics), and the loop at the end is warned twice and stopped as in a short conversation."""
+    running = await proxy_factory(upstream.url, anthropic_upstream_url=upstream.url)
+    for n in range(12):
+        (tmp_path / f"part{n}.txt").write_text("".join(f"part {n}, line {line}: {'data ' * 30}\n"
+                                                       for line in range(50)))
+    (tmp_path / "same.txt").write_text("hello\n")
+    reads = iter([{"command": f"cat part{n}.txt", "description": "Read one part"} for n in range(12)])
+
+    def answer(body: dict) -> Turn:
+        if not body.get("tools"):  # a side request of its own
+            return Turn(content="Reading files")
+        arguments = next(reads, {"command": "cat same.txt", "description": "Read it again"})
+        return Turn(tool_calls=[("Bash", arguments)], chunk_chars=5)
+
+    upstream.responder = answer
+    status, output = await run_claude(running.root, "Read every part, then same.txt", tmp_path)
+    assert status == 1, output
+    assert "[loopwarden] Loop detected (tool_call)" in output
+    seen = [raw for raw in upstream.messages_raw if b'"tools"' in raw]
+    assert len(seen[-1]) > 100_000
+    assert [len(warnings(orjson.loads(raw))) for raw in seen][-3:] == [0, 1, 2]
+    async with aiohttp.ClientSession() as http, http.get(f"{running.root}/metrics") as response:
+        read = dict(re.findall(r'^loopwarden_request_body_bytes_total\{read="(\w+)"\} (\S+)$',
+                               await response.text(), re.M))
+    long_ones = sum(len(raw) for raw in seen if len(raw) >= 64 * 1024)
+    assert float(read["known"]) > 0.5 * long_ones, (read, long_ones)
