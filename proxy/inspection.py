@@ -42,7 +42,7 @@ from proxy.detect.normalize import digest
 from proxy.detect.text_steps import person_text
 from proxy.detect.texts import cut_notice, stop_text, warning_text
 from proxy.lru import LRU
-from proxy.wire.dialect import Dialect, StreamAssembler
+from proxy.wire.dialect import Dialect, StreamAssembler, Summary
 from proxy.wire.errors import error_object
 from proxy.wire.known import LONG_BODY, Parsed, written
 from proxy.wire.sse import SSEParser
@@ -598,10 +598,10 @@ class Tap:
         finally:
             self._watcher.release()
 
-    def streamed_answer(self) -> dict:
-        """What a finished stream said of itself (its id, model and usage), as a JSON answer says it."""
+    def streamed_summary(self, tokens: Callable[[Any], tuple[int | None, int | None]]) -> Summary:
+        """What a finished stream said of itself (`tokens`: the dialect's reading of its usage object)."""
         assembler = self._assembler
-        return {"id": assembler.response_id, "model": assembler.model, "usage": assembler.usage}
+        return Summary(assembler.response_id, assembler.model, *tokens(assembler.usage))
 
     def complete(self, answer: object) -> None:
         """A whole, non-streamed answer. Read only for what it can change: a chant in its reasoning, the record

@@ -8,12 +8,14 @@ import asyncio
 import openai
 import pytest
 from aiohttp import web
+from google.genai import types
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests.agent import Agent
 from tests.claude_agent import ClaudeAgent
 from tests.fake_upstream import Turn
 from tests.test_detection_e2e import CONTENT
+from tests.test_gemini import ask, client_for
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -111,6 +113,22 @@ async def test_messages_requests_are_anthropic_spans_with_their_usage(upstream, 
     assert found["gen_ai.provider.name"] == "anthropic" and found["gen_ai.request.max_tokens"] == 1024
     assert found["gen_ai.response.id"].startswith("msg_") and found["gen_ai.usage.output_tokens"] == 5
     await agent.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_gemini_requests_are_spans_with_their_tokens_response_id_and_model_version(upstream, proxy_factory,
+                                                                                      collector, stream):
+    """The Gemini API names them its own way (`usageMetadata`, `responseId`, `modelVersion`): the span carries
+    them as the other dialects' do."""
+    running = await proxy_factory(upstream.url, gemini_upstream_url=upstream.root)
+    client = client_for(running)
+    upstream.script.append(Turn(content="Hello."))
+    await ask(client, [types.Content(role="user", parts=[types.Part(text="Say hello")])], stream)
+    (_, span), = await spans_of(collector, 1)
+    found = attributes(span)
+    assert found["gen_ai.provider.name"] == "gcp.gemini" and found["gen_ai.request.model"] == "gemini-test"
+    assert found["gen_ai.response.id"].startswith("gem-") and found["gen_ai.response.model"] == "gemini-test"
+    assert (found["gen_ai.usage.input_tokens"], found["gen_ai.usage.output_tokens"]) == (12, 5)
 
 
 async def test_off_by_default_and_nothing_is_sent(upstream, proxy_factory, monkeypatch):

@@ -207,7 +207,7 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
                                            tap if encoding == "identity" else None)
             if span is not None:
                 Telemetry.answered(span, verdict.headers, request_id, 200,
-                                   tap.streamed_answer() if tap is not None else None)
+                                   tap.streamed_summary(dialect.tokens) if tap is not None else None)
             return response
         try:
             body = await _answer(upstream)
@@ -238,7 +238,8 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
             elif tap is not None:  # the answer goes out first; the engine reads it on the loop's next turn
                 asyncio.get_running_loop().call_soon(tap.complete, answer)
             if span is not None:
-                Telemetry.answered(span, verdict.headers, request_id, 200, answer)
+                Telemetry.answered(span, verdict.headers, request_id, 200,
+                                   dialect.summary(answer) if isinstance(answer, dict) else None)
         return web.Response(status=200, body=body, headers=response_headers)
     finally:
         upstream.release()

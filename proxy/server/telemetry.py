@@ -6,17 +6,10 @@ request pays anything: every call site holds a span of None."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping
+from typing import Mapping
 
 from proxy.detect.texts import evidence
-
-def usage_tokens(usage: Any) -> tuple[int | None, int | None]:
-    """Input and output tokens from any dialect's usage object (`prompt_tokens` or `input_tokens`, ...)."""
-    if not isinstance(usage, dict):
-        return None, None
-    given = usage.get("input_tokens", usage.get("prompt_tokens"))
-    taken = usage.get("output_tokens", usage.get("completion_tokens"))
-    return (given if isinstance(given, int) else None), (taken if isinstance(taken, int) else None)
+from proxy.wire.dialect import Summary
 
 
 class Telemetry:
@@ -61,26 +54,22 @@ class Telemetry:
 
     @staticmethod
     def answered(span, answer_headers: Mapping[str, str], request_id: str | None, status: int,
-                 answer: object = None) -> None:
-        """What the request came to: the session, the status, the upstream's ids and the tokens its answer
-        reports (a JSON answer, or what a finished stream said of itself)."""
+                 summary: Summary | None = None) -> None:
+        """What the request came to: the session, the status, the upstream's ids and what its answer says of
+        itself (a JSON answer, or what a finished stream said), in any dialect."""
         session = answer_headers.get("X-Loopwarden-Session")
         if session:
             span.set_attribute("gen_ai.conversation.id", session)
         span.set_attribute("http.response.status_code", status)
         if request_id:
             span.set_attribute("loopwarden.upstream.request_id", request_id)
-        if not isinstance(answer, dict):
+        if summary is None:
             return
-        if isinstance(answer.get("id"), str):
-            span.set_attribute("gen_ai.response.id", answer["id"])
-        if isinstance(answer.get("model"), str):
-            span.set_attribute("gen_ai.response.model", answer["model"])
-        given, taken = usage_tokens(answer.get("usage"))
-        if given is not None:
-            span.set_attribute("gen_ai.usage.input_tokens", given)
-        if taken is not None:
-            span.set_attribute("gen_ai.usage.output_tokens", taken)
+        for name, value in (("gen_ai.response.id", summary.response_id), ("gen_ai.response.model", summary.model),
+                            ("gen_ai.usage.input_tokens", summary.input_tokens),
+                            ("gen_ai.usage.output_tokens", summary.output_tokens)):
+            if value is not None:
+                span.set_attribute(name, value)
 
     @staticmethod
     def episode(span, record: dict) -> None:

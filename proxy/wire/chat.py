@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from yarl import URL
 
 from proxy.conversation import ASSISTANT, Conversation, LazyMessages, Message, ToolCall, from_record, insert_placed
-from proxy.wire.dialect import Credentials, DialectDefaults, RequestError, join_url, positive_int, sse
+from proxy.wire.dialect import Credentials, DialectDefaults, RequestError, counted, join_url, positive_int, sse
 from proxy.wire.errors import error_body, sse_error_event
 
 _AUTHORIZATION = frozenset({b"authorization"})
@@ -157,6 +157,10 @@ class ChatDialect(OpenAIDialect):
     @staticmethod
     def max_output_tokens(payload: dict) -> int | None:
         return positive_int(payload.get("max_completion_tokens")) or positive_int(payload.get("max_tokens"))
+
+    @staticmethod
+    def tokens(usage: Any) -> tuple[int | None, int | None]:
+        return counted(usage, "prompt_tokens"), counted(usage, "completion_tokens")
 
 
 def _choice_message(body: dict) -> dict | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, NamedTuple, Protocol
 
 import orjson
 from yarl import URL
@@ -18,6 +18,16 @@ from proxy.conversation import Conversation, Message, RequestError, ToolCall  # 
 # An upstream key as a dialect sends it: the lowercase names of the client's headers it replaces, the header's
 # name and its value.
 Credentials = tuple[frozenset[bytes], bytes, bytes]
+
+
+class Summary(NamedTuple):
+    """What an answer says of itself: its id, the model that wrote it and the tokens it counts (a span's
+    `gen_ai.response.*` and `gen_ai.usage.*`)."""
+
+    response_id: str | None = None
+    model: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
 
 
 class StreamAssembler(Protocol):
@@ -83,6 +93,12 @@ class Dialect(Protocol):
     def answer(self, body: dict) -> Message | None:
         """The assistant's turn in a non-streamed answer (its text is the answer's, its reasoning aside)."""
 
+    def summary(self, body: dict) -> Summary:
+        """What a non-streamed answer says of itself."""
+
+    def tokens(self, usage: Any) -> tuple[int | None, int | None]:
+        """The input and output tokens an answer's usage object counts (as a stream's events carry it too)."""
+
     def reasoning(self, body: dict) -> str:
         """The reasoning text of a non-streamed answer."""
 
@@ -127,6 +143,18 @@ class DialectDefaults:
     def chain_ids(payload: dict) -> tuple[str | None, str | None]:
         return None, None
 
+    @classmethod
+    def summary(cls, body: dict) -> Summary:
+        """`id`, `model` and `usage`, where the OpenAI and Anthropic answers hold them."""
+        response_id, model = body.get("id"), body.get("model")
+        return Summary(response_id if isinstance(response_id, str) else None,
+                       model if isinstance(model, str) else None, *cls.tokens(body.get("usage")))
+
+    @staticmethod
+    def tokens(usage: Any) -> tuple[int | None, int | None]:
+        """`input_tokens` and `output_tokens` (the Responses and Messages APIs)."""
+        return counted(usage, "input_tokens"), counted(usage, "output_tokens")
+
     @staticmethod
     def keeps_answer(payload: dict) -> bool:
         return False
@@ -156,6 +184,14 @@ def join_url(base: str, raw_path: str, raw_query: str) -> URL:
     query = "&".join(q for q in (parsed.raw_query_string, raw_query) if q)
     root = str(parsed.with_query(None).with_fragment(None)).rstrip("/")
     return URL(root + raw_path + (f"?{query}" if query else ""), encoded=True)
+
+
+def counted(usage: Any, *names: str) -> int | None:
+    """The sum of a usage object's counts under `names` (those it has); None when it has none of them."""
+    if not isinstance(usage, dict):
+        return None
+    found = [usage[name] for name in names if isinstance(usage.get(name), int) and not isinstance(usage[name], bool)]
+    return sum(found) if found else None
 
 
 def positive_int(value: Any) -> int | None:
