@@ -13,7 +13,7 @@ import functools
 import hashlib
 import itertools
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import orjson
@@ -250,6 +250,42 @@ class SessionMemory:
     unseen: tuple[UnseenChant, ...] = ()  # chants found in whole answers' reasoning
 
 
+@dataclass(slots=True, eq=False)
+class Flow:
+    """One request on its way through the inspection: what each step learned, for the next."""
+
+    incoming: Incoming
+    payload: dict
+    raw: bytes  # the body as it may go upstream
+    parsed: Parsed | None  # how it was parsed (None: whole, or cleaned since)
+    client_key: str
+    tenant: str
+    conversation: Conversation
+    session_id: str = ""
+    fingerprints: list[int] | None = None  # the messages', when they named the session
+    answer_headers: dict[str, str] = field(default_factory=dict)
+    model: str | None = None
+    memory: SessionMemory | None = None
+    controls: Any = None  # an operator's, for the session (.disabled, .reset_at_message)
+    plan_mode: bool = False
+    observe: bool = False
+    settings: Settings | None = None
+    config: DetectConfig | None = None
+    body: bytes = b""  # what goes upstream: `raw`, with the warnings where there are any
+
+    @property
+    def dialect(self) -> Dialect:
+        return self.incoming.dialect
+
+    @property
+    def messages(self) -> Sequence[Message]:
+        return self.conversation.messages
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.tenant, self.session_id
+
+
 class Inspector:
     """Per-process inspection state: what is remembered per session and the settings resolved per model."""
 
@@ -298,138 +334,174 @@ class Inspector:
 
     def inspect(self, incoming: Incoming, span: Any = None) -> Stop | Forward:
         """The verdict on one request. Raises the dialect's RequestError for a body it cannot read."""
-        headers, payload, dialect, chain = incoming.headers, incoming.payload, incoming.dialect, incoming.chain
-        if self.is_judge(headers):
+        if self.is_judge(incoming.headers):
             return Forward(incoming.raw)  # the judge's own request: not a session's turn
-        raw = incoming.raw
-        parsed = incoming.parsed
+        flow = self._read(incoming)
+        self._identify(flow)
+        if self._disabled(flow):
+            return Forward(flow.raw, flow.answer_headers)
+        self._mode(flow)
+        state, fold = analyze(flow.config, flow.messages, flow.controls.reset_at_message if flow.controls else 0,
+                              flow.memory.fold, flow.fingerprints)
+        flow.memory.fold = fold
+        checks = self.facts.judge_checks(flow.tenant, flow.session_id, state.key) if self.facts is not None else []
+        decision = Decision(episodes(flow.config, state, plan_mode=flow.plan_mode, judge_checks=checks,
+                                     unseen=flow.memory.unseen))
+        context = Context(flow.tenant, flow.session_id, state.key, flow.model, incoming.dialect.name,
+                          not flow.observe, span)
+        stop = decision.stop
+        if stop is not None:
+            # A stop saves at least the request it refused (or, observed, would have refused).
+            self.sink.episode(context, stop, "stopped", None, len(flow.raw) // 4)
+            if not flow.observe:
+                return self._stop(flow, stop, state.key)
+        inserted = self._render(flow, decision.warnings, stop)
+        watcher = ResponseWatcher(flow.config, state, decision, len(flow.messages), flow.plan_mode,
+                                  shared=state is fold.state)
+        warned = self._warned(flow, decision, context)
+        keep = self._keeper(flow, inserted)
+
+        def tap() -> Tap:  # made once the request is on its way; nothing it reads changes meanwhile
+            return Tap(incoming.dialect, self.sink, context, watcher, TapOrders(
+                flow.dialect.max_output_tokens(flow.payload) or DEFAULT_COMPLETION_TOKENS, warned,
+                # After an observed would-be stop, the task logs nothing more.
+                decision.logged() if stop is None else [], keep, flow.settings.cut_notice, flow.observe,
+                lambda chant: self.remember_unseen(flow.key, chant),
+                lambda: self._resume_link(flow.tenant, flow.session_id, state.key, incoming.origin)))
+
+        return Forward(flow.body, flow.answer_headers, tap, self._judge_due(flow, state, checks, context))
+
+    def _read(self, incoming: Incoming) -> Flow:
+        """The request's payload as it may go upstream, and its conversation, read from what the conversation's
+        previous request left (`Incoming.parsed`)."""
+        payload, raw, parsed, dialect = incoming.payload, incoming.raw, incoming.parsed, incoming.dialect
         previous = parsed.previous if parsed is not None else None
         cleaned = dialect.forwardable(payload, parsed.reused if previous is not None and previous.forwardable else 0)
         if cleaned is not None:  # a block the service would refuse (one the proxy cut) is left out
             payload, raw, parsed = cleaned, orjson.dumps(cleaned), None  # its items are no longer those parsed
         elif parsed is not None and parsed.known is not None:
             parsed.known.forwardable = True
-        key_of_client = client_key(headers, incoming.query)
+        key_of_client = client_key(incoming.headers, incoming.query)
         tenant = tenant_of(key_of_client)
         kept_calls = self._kept_calls
         conversation: Conversation = dialect.read(
-            payload, chain.messages if chain is not None else None,
+            payload, incoming.chain.messages if incoming.chain is not None else None,
             (lambda call_id: kept_calls.get((tenant, call_id))) if kept_calls else None,
             (parsed.reused, previous.reading) if parsed is not None and previous is not None else None)
         if parsed is not None and parsed.known is not None:
             parsed.known.reading = conversation.reading
-        messages = conversation.messages
-        session_id = named_session(headers, chain, dialect.is_side_request(payload))
-        fingerprints = None  # the messages', for the fold cache; taken here when they name the session
-        if session_id is None:
-            fingerprints = fingerprints_of(messages)
-            session_id = self._fingerprinted(tenant, messages, fingerprints)
-        answer_headers = {"X-Loopwarden-Session": session_id}
-        model = dialect.model(payload, incoming.path)
-        if model is not None:
-            model = model[:MODEL_CHARS]  # before it keys the per-model settings, a span or the log
-        key = (tenant, session_id)
-        memory = self._sessions.get(key)
+        return Flow(incoming, payload, raw, parsed, key_of_client, tenant, conversation)
+
+    def _identify(self, flow: Flow) -> None:
+        """Whose conversation it is: the session, the model, what this process remembers of it; and the session
+        seen (the agent and title read once per session and process: the first wins)."""
+        incoming, messages = flow.incoming, flow.messages
+        flow.session_id = named_session(incoming.headers, incoming.chain, flow.dialect.is_side_request(flow.payload))
+        if not flow.session_id:  # the messages' fingerprints, for the fold cache, taken here when they name it
+            flow.fingerprints = fingerprints_of(messages)
+            flow.session_id = self._fingerprinted(flow.tenant, messages, flow.fingerprints)
+        flow.answer_headers = {"X-Loopwarden-Session": flow.session_id}
+        model = flow.dialect.model(flow.payload, incoming.path)
+        flow.model = model[:MODEL_CHARS] if model is not None else None  # before it keys settings, a span or the log
+        memory = self._sessions.get(flow.key)
         new_here = memory is None
         if new_here:
             memory = SessionMemory()
-        self._sessions.put(key, memory)
+        self._sessions.put(flow.key, memory)
         memory.message_count = len(messages)
-        facts = self.facts
-        if facts is not None:  # the agent and title are read once per session and process: the first wins
+        flow.memory = memory
+        if self.facts is not None:
             agent = title = None
             if new_here:
                 system = system_text(messages)
-                agent, title = agent_name(headers, system), session_title(
+                agent, title = agent_name(incoming.headers, system), session_title(
                     (m.text for m in _opening(messages) if m.role == USER), system)
-            facts.session_seen(tenant, session_id, len(messages), model, agent, title)
-        controls = facts.controls(tenant, session_id) if facts is not None else None
-        disable = headers.get("X-Loopwarden-Disable")
-        if (disable is not None and disable.strip() in ("1", "true", "yes")) or (
-                controls is not None and controls.disabled):
-            return Forward(raw, answer_headers)
-        mode = headers.get("X-Loopwarden-Mode")
+            self.facts.session_seen(flow.tenant, flow.session_id, len(messages), flow.model, agent, title)
+            flow.controls = self.facts.controls(flow.tenant, flow.session_id)
+
+    @staticmethod
+    def _disabled(flow: Flow) -> bool:
+        """Detection is off for this request (its header) or its session (an operator)."""
+        disable = flow.incoming.headers.get("X-Loopwarden-Disable")
+        return (disable is not None and disable.strip() in ("1", "true", "yes")) or (
+            flow.controls is not None and flow.controls.disabled)
+
+    def _mode(self, flow: Flow) -> None:
+        """The settings in force for the model, and the modes the request asks for (plan, observe)."""
+        mode = flow.incoming.headers.get("X-Loopwarden-Mode")
         modes = {each.strip().lower() for each in mode.split(",")} if mode else _NO_MODES
-        plan_mode = "plan" in modes
-        settings, config = self._settings_for(model)
-        observe = "observe" in modes or settings.mode == "observe"
+        flow.plan_mode = "plan" in modes
+        flow.settings, flow.config = self._settings_for(flow.model)
+        flow.observe = "observe" in modes or flow.settings.mode == "observe"
 
-        state, memory.fold = analyze(config, messages, controls.reset_at_message if controls else 0, memory.fold,
-                                     fingerprints)
-        checks = facts.judge_checks(tenant, session_id, state.key) if facts is not None else []
-        decision = Decision(episodes(config, state, plan_mode=plan_mode, judge_checks=checks,
-                                     unseen=memory.unseen))
-        context = Context(tenant, session_id, state.key, model, dialect.name, not observe, span)
+    def _stop(self, flow: Flow, stop: Episode, task: str) -> Stop:
+        """The request refused: the stop in the dialect's error shape, with the task's resume link."""
+        link = self._resume_link(flow.tenant, flow.session_id, task, flow.incoming.origin)
+        return Stop(stop, flow.dialect.error_body(stop_text(stop, link), "loop_detected", "loop_detected"),
+                    {**flow.answer_headers, "X-Loopwarden-Loop": stop.type, "x-should-retry": "false"})
 
-        stop = decision.stop
-        if stop is not None:
-            # A stop saves at least the request it refused (or, observed, would have refused).
-            self.sink.episode(context, stop, "stopped", None, len(raw) // 4)
-            if not observe:
-                link = self._resume_link(tenant, session_id, state.key, incoming.origin)
-                return Stop(stop, dialect.error_body(stop_text(stop, link), "loop_detected", "loop_detected"),
-                            {**answer_headers, "X-Loopwarden-Loop": stop.type, "x-should-retry": "false"})
-
-        body = raw
-        warnings = decision.warnings
-        # A warning is re-created at its place in every request; where the service keeps the conversation
-        # (a chained request), the ones already sent are in it, and only new ones are added. Observe mode adds
-        # none: the request goes on as the client sent it.
-        inserted = [] if observe else [(e.place, settings.warning_role, warning_text(e)) for e in warnings
-                                       if e.place >= conversation.own_start]
+    @staticmethod
+    def _render(flow: Flow, warnings: list[Episode], stop: Episode | None) -> list[tuple[int, str, str]]:
+        """The body that goes upstream (`flow.body`) and the headers of the answer; the warnings inserted.
+        A warning is re-created at its place in every request; where the service keeps the conversation (a
+        chained request), the ones already sent are in it, and only new ones are added. Observe mode adds none:
+        the request goes on as the client sent it."""
+        flow.body = flow.raw
+        inserted = [] if flow.observe else [(e.place, flow.settings.warning_role, warning_text(e)) for e in warnings
+                                            if e.place >= flow.conversation.own_start]
         if inserted:
             try:
-                body = written(payload, dialect.with_warnings(payload, conversation, inserted),
-                               parsed.known if parsed is not None else None)
+                flow.body = written(flow.payload, flow.dialect.with_warnings(flow.payload, flow.conversation,
+                                                                             inserted),
+                                    flow.parsed.known if flow.parsed is not None else None)
             except orjson.JSONEncodeError as exc:  # nested past what is written here (255 levels)
                 raise RequestError(f"the request cannot carry loopwarden's warning: {exc}") from None
-        if observe and (stop is not None or warnings):
-            answer_headers["X-Loopwarden-Observed"] = f"stop {stop.type}" if stop is not None else \
+        if flow.observe and (stop is not None or warnings):
+            flow.answer_headers["X-Loopwarden-Observed"] = f"stop {stop.type}" if stop is not None else \
                 f"{warnings[-1].number}/{warnings[-1].limit} {warnings[-1].type}"
         elif warnings:
-            answer_headers["X-Loopwarden-Warning"] = \
+            flow.answer_headers["X-Loopwarden-Warning"] = \
                 f"{warnings[-1].number}/{warnings[-1].limit} {warnings[-1].type}"
-        watcher = ResponseWatcher(config, state, decision, len(messages), plan_mode,
-                                  shared=state is memory.fold.state)
-        keep = None
-        if self.keep is not None and dialect.keeps_answer(payload):
-            # The service keeps this answer: remember the conversation as sent, for requests that continue it.
-            sent = _with_warnings(messages, inserted)[conversation.own_start:]
-            conversation_id = chain.conversation_id if chain is not None else dialect.chain_ids(payload)[1]
-            previous = chain.last_id if chain is not None else None
-            record = self.keep
+        return inserted
 
-            def keep(answer: Message, response_id: str | None) -> None:
-                record(tenant, response_id, previous, conversation_id, session_id, sent + [answer])
-                for call in answer.calls:  # a later request may name them only (`item_reference`)
-                    self._kept_calls.put((tenant, call.id), call)
-        # Recovery is measured only on warnings the model was given, and is the last episode of its task: the
-        # model moved on when the loop's calls did not come back and it went on RECOVERY_TURNS turns, or (seen
-        # in the answer) it ended the task with an answer of its own.
-        warned = warnings[-1] if warnings and not observe and stop is None and \
+    def _warned(self, flow: Flow, decision: Decision, context: Context) -> Episode | None:
+        """The warning whose recovery the answer may show. Recovery is measured only on warnings the model was
+        given, and is the last episode of its task: the model moved on when the loop's calls did not come back
+        and it went on RECOVERY_TURNS turns, or (seen in the answer) it ended the task with an answer of its own."""
+        warnings = decision.warnings
+        warned = warnings[-1] if warnings and not flow.observe and decision.stop is None and \
             warnings[-1] is decision.episodes[-1] else None
         if warned is not None:
-            taken, returned = after_warning(messages, warned)
+            taken, returned = after_warning(flow.messages, warned)
             if returned:
-                warned = None
-            elif taken >= RECOVERY_TURNS:
+                return None
+            if taken >= RECOVERY_TURNS:
                 self.sink.recovery(context, warned)
-        judge = None
-        if self.judging and settings.llm_check and model and \
-                check_due(state.turns, settings.llm_check_after_turns, checks):
-            judge = JudgeDue(key, context, state.key, state.turns, state.start, messages, key_of_client)
+        return warned
 
-        def tap() -> Tap:  # made once the request is on its way; nothing it reads changes meanwhile
-            return Tap(dialect.stream, dialect.answer, self.sink, context, watcher,
-                       dialect.max_output_tokens(payload) or DEFAULT_COMPLETION_TOKENS, warned=warned,
-                       unseen=lambda chant: self.remember_unseen(key, chant),
-                       # After an observed would-be stop, the task logs nothing more.
-                       deliver=decision.logged() if stop is None else [],
-                       keep=keep, cut_notice=settings.cut_notice, observe=observe,
-                       read_reasoning=dialect.reasoning,
-                       resume_link=lambda: self._resume_link(tenant, session_id, state.key, incoming.origin))
+    def _keeper(self, flow: Flow, inserted: list[tuple[int, str, str]]
+                ) -> Callable[[Message, str | None], None] | None:
+        """Where the service keeps this answer: what remembers the conversation as sent, with the answer, for
+        the requests that continue it."""
+        if self.keep is None or not flow.dialect.keeps_answer(flow.payload):
+            return None
+        chain, record, tenant, session_id = flow.incoming.chain, self.keep, flow.tenant, flow.session_id
+        sent = _with_warnings(flow.messages, inserted)[flow.conversation.own_start:]
+        conversation_id = chain.conversation_id if chain is not None else flow.dialect.chain_ids(flow.payload)[1]
+        previous = chain.last_id if chain is not None else None
 
-        return Forward(body, answer_headers, tap, judge)
+        def keep(answer: Message, response_id: str | None) -> None:
+            record(tenant, response_id, previous, conversation_id, session_id, sent + [answer])
+            for call in answer.calls:  # a later request may name them only (`item_reference`)
+                self._kept_calls.put((tenant, call.id), call)
+        return keep
+
+    def _judge_due(self, flow: Flow, state: Any, checks: list[JudgeCheck], context: Context) -> JudgeDue | None:
+        """A judge check this request makes due, once it has been forwarded."""
+        if self.judging and flow.settings.llm_check and flow.model and \
+                check_due(state.turns, flow.settings.llm_check_after_turns, checks):
+            return JudgeDue(flow.key, context, state.key, state.turns, state.start, flow.messages, flow.client_key)
+        return None
 
     def _resume_link(self, tenant: str, session_id: str, task: str, origin: str) -> str | None:
         """The stopped task's resume link (the same for each of its stops), kept in the log when first drawn;
@@ -461,31 +533,35 @@ class Inspector:
         return found
 
 
+@dataclass(frozen=True, slots=True)
+class TapOrders:
+    """What the request decided for its answer."""
+
+    max_completion: int
+    warned: Episode | None  # the latest warning this request carries: did the model move on from it?
+    deliver: list[tuple[Episode, str]]  # what the request logs once it reaches the model
+    keep: Callable[[Message, str | None], None] | None  # the whole answer, for a conversation the service keeps
+    cut_notice: bool
+    observe: bool  # find and log a chant, but let the stream run on
+    unseen: Callable[[UnseenChant], None] | None = None  # told of a chant in a whole answer's reasoning
+    resume_link: Callable[[], str | None] = lambda: None  # drawn only when the stream ends in a stop
+
+
 class Tap:
     """Reads a copy of the upstream's answer (never re-encoding it) and feeds the engine: cuts a chanting
     stream, and logs what the answer completes. Sans-IO: bytes and parsed answers in, cut decisions out."""
 
-    def __init__(self, stream: Callable[[], StreamAssembler], read_answer: Callable[[dict], Message | None],
-                 sink: EpisodeSink, context: Context, watcher: ResponseWatcher, max_completion: int, *,
-                 warned: Episode | None, unseen: Callable[[UnseenChant], None] | None = None,
-                 deliver: list[tuple[Episode, str]], keep: Callable[[Message, str | None], None] | None,
-                 cut_notice: bool, observe: bool, read_reasoning: Callable[[dict], str] | None = None,
-                 resume_link: Callable[[], str | None] = lambda: None) -> None:
-        self._stream = stream  # a stream's assembler, made when a stream comes (most answers are not streamed)
+    def __init__(self, dialect: Dialect, sink: EpisodeSink, context: Context, watcher: ResponseWatcher,
+                 orders: TapOrders) -> None:
+        self._dialect = dialect  # its stream's assembler is made when a stream comes (most answers are not)
         self._assembler_made: StreamAssembler | None = None
-        self._read_answer = read_answer
-        self._read_reasoning = read_reasoning  # the reasoning text of a non-streamed answer
-        self._unseen = unseen  # told of a chant in a whole answer's reasoning
         self._sink = sink
         self.context = context
         self._watcher = watcher
-        self._max_completion = max_completion
-        self._warned = warned  # the latest warning this request carries: did the model move on from it?
-        self._deliver = deliver  # what the request logs once it reaches the model
-        self._keep = keep  # the whole answer, for a conversation the service keeps
-        self._cut_notice = cut_notice
-        self._observe = observe  # find and log a chant, but let the stream run on
-        self._resume_link = resume_link  # drawn only when the stream ends in a stop
+        self._orders = orders
+        self._deliver = orders.deliver  # what the request logs once it reaches the model
+        self._keep = orders.keep  # given the whole answer once, then None
+        self._warned = orders.warned
         self._parser: SSEParser | None = None
         self.request_id: str | None = None
         self.persist_pending = False  # an answer the service keeps was recorded: write it before the last byte
@@ -494,7 +570,7 @@ class Tap:
     def _assembler(self) -> StreamAssembler:
         assembler = self._assembler_made
         if assembler is None:
-            assembler = self._assembler_made = self._stream()
+            assembler = self._assembler_made = self._dialect.stream()
         return assembler
 
     @property
@@ -553,11 +629,11 @@ class Tap:
     def _saved(self) -> int:
         """The tokens the request could still have spent (its reasoning counts against its maximum too)."""
         assembler = self._assembler
-        return max(0, self._max_completion - (len(assembler.text) + len(assembler.reasoning_text)) // 4)
+        return max(0, self._orders.max_completion - (len(assembler.text) + len(assembler.reasoning_text)) // 4)
 
     def _observed_only(self, episode: Episode) -> bool:
         """In observe mode a chant is logged where it would have been cut, and the stream goes on."""
-        if not self._observe:
+        if not self._orders.observe:
             return False
         action = answer_action(episode)
         if action is not None:
@@ -572,9 +648,9 @@ class Tap:
         saved = self._saved()
         if episode.is_stop and not assembler.stop_is_cut:
             self._sink.episode(self.context, episode, "stopped", self.request_id, saved)
-            return assembler.stop_ending(error_object(stop_text(episode, self._resume_link()), "loop_detected",
+            return assembler.stop_ending(error_object(stop_text(episode, self._orders.resume_link()), "loop_detected",
                                                       "loop_detected"))
-        notice = cut_notice(episode) if self._cut_notice else None
+        notice = cut_notice(episode) if self._orders.cut_notice else None
         action = "stopped" if episode.is_stop else "cut"
         # With the notice, later requests show the cut was served (and logged) here: the row is this response's.
         # A stop is one row however it was served: the next request, refused, finds the same key.
@@ -614,19 +690,19 @@ class Tap:
     def _complete(self, answer: object) -> None:
         if not isinstance(answer, dict):
             return
-        reasoning = self._read_reasoning(answer) if self._read_reasoning is not None else ""
+        reasoning = self._dialect.reasoning(answer)
         if not reasoning and self._keep is None and self._warned is None:
             return
         try:
-            message = self._read_answer(answer)
+            message = self._dialect.answer(answer)
         except RequestError:  # an answer the rules cannot read (arguments nested past JSON's depth here)
             return
         if message is None:
             return
         if reasoning:  # no cut is possible here: the next request is warned (its conversation lacks the reasoning)
             found = self._watcher.reasoning(reasoning)
-            if found is not None and self._unseen is not None:
-                self._unseen(self._watcher.unseen(found, message))
+            if found is not None and self._orders.unseen is not None:
+                self._orders.unseen(self._watcher.unseen(found, message))
         if message.text and self._warned is not None:  # an answer that chants has not moved on
             self._watcher.text(message.text)
         self._finish(message, answer.get("id") if isinstance(answer.get("id"), str) else None)

@@ -59,14 +59,67 @@ def caller_tenant(request: web.Request, admin_token: str | None) -> str | None:
     return tenant_of(key) if key else ALL_TENANTS
 
 
-def routes(guard: Guard, admin_token: str | None) -> list[web.RouteDef]:
-    store = guard.store
+def _int(request: web.Request, name: str, default: int) -> int:
+    value = request.query.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise QueryError(f"{name} must be a whole number, got {value!r}") from None
 
-    def handler(fn):
+
+def _flag(request: web.Request, name: str) -> bool | None:
+    value = request.query.get(name)
+    if value is None or value == "":
+        return None
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise QueryError(f"{name} must be true or false, got {value!r}")
+
+
+def _filter(request: web.Request, tenant: str | None) -> queries.DetectionFilter:
+    return queries.DetectionFilter(tenant=tenant, session=request.query.get("session") or None,
+                                   type=request.query.get("type") or None,
+                                   action=request.query.get("action") or None,
+                                   since=queries.parse_since(request.query.get("since")),
+                                   enforced=_flag(request, "enforced"))
+
+
+class AdminAPI:
+    """The detection log's API (each handler given the caller's tenant, None for the admin) and the page."""
+
+    def __init__(self, guard: Guard, admin_token: str | None) -> None:
+        self.guard = guard
+        self.store = guard.store
+        self.admin_token = admin_token
+        self.files = {path.name: (path.read_bytes(), _TYPES[path.suffix]) for path in STATIC.iterdir()
+                      if path.suffix in _TYPES}
+
+    def routes(self) -> list[web.RouteDef]:
+        api = self.authorized
+        return [
+            web.get("/loopwarden", self.to_page),
+            web.get("/loopwarden/", self.page),
+            web.get("/loopwarden/static/{name}", self.page),
+            web.get("/loopwarden/api/timeline", api(self.timeline)),
+            web.get("/loopwarden/api/detections", api(self.detections)),
+            web.get("/loopwarden/api/stats", api(self.stats)),
+            web.get("/loopwarden/api/sessions", api(self.sessions)),
+            web.get("/loopwarden/api/sessions/{id}", api(self.session)),
+            web.post("/loopwarden/api/sessions/{id}/reset", api(self.control(reset=True))),
+            web.post("/loopwarden/api/sessions/{id}/disable", api(self.control(disabled=True))),
+            web.post("/loopwarden/api/sessions/{id}/enable", api(self.control(disabled=False))),
+        ]
+
+    def authorized(self, fn):
+        """An API handler, called with the caller's tenant; refusals and bad queries in the OpenAI error shape."""
         async def wrapped(request: web.Request) -> web.StreamResponse:
             try:
-                tenant = caller_tenant(request, admin_token)
-                if tenant is not ALL_TENANTS and not await store.tenant_known(tenant):
+                tenant = caller_tenant(request, self.admin_token)
+                if tenant is not ALL_TENANTS and not await self.store.tenant_known(tenant):
                     raise _Denied(401, "this token is neither the admin token nor a key that has sessions")
                 return await fn(request, tenant)
             except _Denied as denied:
@@ -76,93 +129,55 @@ def routes(guard: Guard, admin_token: str | None) -> list[web.RouteDef]:
                 return json_error(400, str(exc), "invalid_request_error", "invalid_value")
         return wrapped
 
-    def _int(request: web.Request, name: str, default: int) -> int:
-        value = request.query.get(name)
-        if value is None:
-            return default
-        try:
-            return int(value)
-        except ValueError:
-            raise QueryError(f"{name} must be a whole number, got {value!r}") from None
-
-    def _flag(request: web.Request, name: str) -> bool | None:
-        value = request.query.get(name)
-        if value is None or value == "":
-            return None
-        if value.lower() in ("true", "1", "yes"):
-            return True
-        if value.lower() in ("false", "0", "no"):
-            return False
-        raise QueryError(f"{name} must be true or false, got {value!r}")
-
-    def _filter(request: web.Request, tenant: str | None) -> queries.DetectionFilter:
-        return queries.DetectionFilter(tenant=tenant, session=request.query.get("session") or None,
-                                       type=request.query.get("type") or None,
-                                       action=request.query.get("action") or None,
-                                       since=queries.parse_since(request.query.get("since")),
-                                       enforced=_flag(request, "enforced"))
-
-    async def detections(request: web.Request, tenant: str | None) -> web.Response:
-        where = _filter(request, tenant)
-        items, cursor = await queries.list_detections(store.engine, where, _int(request, "limit", 50),
-                                                      request.query.get("cursor"))
+    async def detections(self, request: web.Request, tenant: str | None) -> web.Response:
+        items, cursor = await queries.list_detections(self.store.engine, _filter(request, tenant),
+                                                      _int(request, "limit", 50), request.query.get("cursor"))
         return web.json_response({"data": items, "next_cursor": cursor})
 
-    async def timeline(request: web.Request, tenant: str | None) -> web.Response:
-        found = await queries.timeline(store.engine, _filter(request, tenant), _int(request, "buckets", 48))
-        return web.json_response({**found, "complete": await store.counts_complete()})
+    async def timeline(self, request: web.Request, tenant: str | None) -> web.Response:
+        found = await queries.timeline(self.store.engine, _filter(request, tenant), _int(request, "buckets", 48))
+        return web.json_response({**found, "complete": await self.store.counts_complete()})
 
-    async def stats(request: web.Request, tenant: str | None) -> web.Response:
-        found = await queries.stats(store.engine, queries.parse_since(request.query.get("since")), tenant)
+    async def stats(self, request: web.Request, tenant: str | None) -> web.Response:
+        found = await queries.stats(self.store.engine, queries.parse_since(request.query.get("since")), tenant)
         # Figures from counts being rebuilt are not shown as if whole.
-        return web.json_response({**found, "complete": await store.counts_complete()})
+        return web.json_response({**found, "complete": await self.store.counts_complete()})
 
-    async def sessions(request: web.Request, tenant: str | None) -> web.Response:
-        items = await queries.list_sessions(store.engine, queries.parse_since(request.query.get("since")), tenant,
-                                            _int(request, "limit", 50))
+    async def sessions(self, request: web.Request, tenant: str | None) -> web.Response:
+        items = await queries.list_sessions(self.store.engine, queries.parse_since(request.query.get("since")),
+                                            tenant, _int(request, "limit", 50))
         return web.json_response({"data": items})
 
-    async def session(request: web.Request, tenant: str | None) -> web.Response:
-        found = await queries.session_timeline(store.engine, request.match_info["id"], tenant)
+    async def session(self, request: web.Request, tenant: str | None) -> web.Response:
+        found = await queries.session_timeline(self.store.engine, request.match_info["id"], tenant)
         if not found:
             return json_error(404, "no such session", "invalid_request_error", "not_found")
         return web.json_response({"data": found})
 
-    def control(**change):
+    def control(self, **change):
+        """A handler applying an operator's change to a session (reset, disable, enable)."""
         async def apply(request: web.Request, tenant: str | None) -> web.Response:
             extra = {}
             if change.get("reset"):
-                extra["known_counts"] = guard.known_message_counts()
-            changed = await store.set_controls(request.match_info["id"], tenant, **change, **extra)
+                extra["known_counts"] = self.guard.known_message_counts()
+            changed = await self.store.set_controls(request.match_info["id"], tenant, **change, **extra)
             if not changed:
                 return json_error(404, "no such session", "invalid_request_error", "not_found")
             return web.json_response({"data": changed})
         return apply
 
-    files = {path.name: (path.read_bytes(), _TYPES[path.suffix]) for path in STATIC.iterdir()
-             if path.suffix in _TYPES}
-
-    async def page(request: web.Request) -> web.StreamResponse:
+    async def page(self, request: web.Request) -> web.StreamResponse:
         """The page itself holds no data: every figure on it comes from the API, under the API's rules."""
-        found = files.get(request.match_info.get("name") or "index.html")
+        found = self.files.get(request.match_info.get("name") or "index.html")
         if found is None:
             return json_error(404, "no such file", "invalid_request_error", "not_found")
         body, content_type = found
         return web.Response(body=body, headers={**PAGE_HEADERS, "Content-Type": f"{content_type}; charset=utf-8"})
 
+    @staticmethod
     async def to_page(request: web.Request) -> web.StreamResponse:
         raise web.HTTPFound("/loopwarden/")
 
-    return [
-        web.get("/loopwarden", to_page),
-        web.get("/loopwarden/", page),
-        web.get("/loopwarden/static/{name}", page),
-        web.get("/loopwarden/api/timeline", handler(timeline)),
-        web.get("/loopwarden/api/detections", handler(detections)),
-        web.get("/loopwarden/api/stats", handler(stats)),
-        web.get("/loopwarden/api/sessions", handler(sessions)),
-        web.get("/loopwarden/api/sessions/{id}", handler(session)),
-        web.post("/loopwarden/api/sessions/{id}/reset", handler(control(reset=True))),
-        web.post("/loopwarden/api/sessions/{id}/disable", handler(control(disabled=True))),
-        web.post("/loopwarden/api/sessions/{id}/enable", handler(control(disabled=False))),
-    ]
+
+def routes(guard: Guard, admin_token: str | None) -> list[web.RouteDef]:
+    return AdminAPI(guard, admin_token).routes()

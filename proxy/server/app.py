@@ -36,6 +36,7 @@ from proxy.server.upstream import (
 from proxy.store.store import Store
 from proxy.wire import GEMINI, OPENAI, ROUTES, gemini_inspected, relay_dialect
 from proxy.wire.dialect import Dialect, RequestError
+from proxy.wire.known import Parsed
 from proxy.wire.sse import MAX_EVENT_BYTES, WholeEvents
 
 log = logging.getLogger("loopwarden.server")
@@ -143,29 +144,10 @@ def inspected(dialect: Dialect):
 async def _inspected(request: web.Request, dialect: Dialect, span) -> web.StreamResponse:
     """One watched request; `span`, when tracing is on, learns what it came to."""
     app = request.app
-    settings = app[SETTINGS]
-    _check_length(request, settings.max_body_bytes)
-    content_type = request.headers.get("Content-Type", "application/json")
-    if "json" not in content_type.lower():
-        return _refused(dialect, f"Content-Type must be application/json, got {content_type!r}",
-                        "invalid_content_type")
-    raw = await _whole_body(request, settings.max_body_bytes)
-    if not raw or raw.isspace():
-        return _refused(dialect, "request body is empty; expected a JSON object", "invalid_json")
-    guard = app[GUARD]
-    try:
-        parsed = guard.bodies.parse(raw, dialect.items_key, lambda: body_slot(
-            request.headers, request.rel_url.query, dialect.name, raw))
-    except orjson.JSONDecodeError as exc:
-        return _refused(dialect, f"request body is not valid JSON: {exc}", "invalid_json")
-    payload = parsed.payload
-    if not isinstance(payload, dict):
-        return _refused(dialect, "request body must be a JSON object", "invalid_json")
-
-    metrics = app[METRICS]
-    known = parsed.known.ends[parsed.reused - 1] if parsed.reused else 0
-    metrics.body_known.inc(known)
-    metrics.body_parsed.inc(len(raw) - known)
+    parsed = await _parsed_body(request, dialect)
+    if isinstance(parsed, web.Response):
+        return parsed
+    payload, guard, metrics = parsed.payload, app[GUARD], app[METRICS]
     began = time.perf_counter()
     if span is not None:
         Telemetry.request(span, payload, dialect, request.rel_url.raw_path)
@@ -173,7 +155,7 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
     if chain is not None:
         chain = await chain
     try:
-        verdict = guard.inspector.inspect(Incoming(request.headers, raw, payload, dialect, chain,
+        verdict = guard.inspector.inspect(Incoming(request.headers, parsed.raw, payload, dialect, chain,
                                                    request.rel_url.raw_path, request.rel_url.query,
                                                    f"{request.scheme}://{request.host}", parsed), span)
     except RequestError as exc:
@@ -183,6 +165,7 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
             Telemetry.answered(span, verdict.headers, None, verdict.status)
         return web.Response(status=verdict.status, body=verdict.body, content_type="application/json",
                             headers=verdict.headers)
+    settings = app[SETTINGS]
     upstream_dialect = relay_dialect(request.headers, request.rel_url.query, dialect)
     headers = upstream_headers(request, settings, upstream_dialect, inspected=True)
     url = upstream_dialect.upstream_url(settings, request.rel_url.raw_path, request.rel_url.raw_query_string)
@@ -191,58 +174,87 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
     upstream = await send_upstream(app[CLIENT], "POST", url, headers, verdict.body, sent=verdict.prepare)
     try:
         metrics.upstream_latency.observe(time.perf_counter() - sent)
-        tap = verdict.tap
-        request_id = upstream.headers.get("x-request-id")
+        tap, request_id = verdict.tap, upstream.headers.get("x-request-id")
         if tap is not None:
             tap.delivered(upstream.status, request_id)
         if verdict.judge is not None:
             guard.judges.start(verdict.judge, dialect.provider)  # forwarded: background work may start now
         response_headers = client_headers(upstream)
         response_headers.update(verdict.headers)
-        content_type = upstream.headers.get("Content-Type", "")
-        encoding = _encoding(upstream.headers)
-        if upstream.status == 200 and content_type.startswith("text/event-stream"):
+        if upstream.status == 200 and upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
             # A stream compressed although identity was asked for is relayed untouched, unread.
             response = await _relay_stream(request, upstream, response_headers, dialect, guard,
-                                           tap if encoding == "identity" else None)
+                                           tap if _encoding(upstream.headers) == "identity" else None)
             if span is not None:
                 Telemetry.answered(span, verdict.headers, request_id, 200,
                                    tap.streamed_summary(dialect.tokens) if tap is not None else None)
             return response
-        try:
-            body = await _answer(upstream)
-        except Exception as exc:
-            if not is_read_failure(exc):
-                raise
-            raise _read_failure(exc) from exc
-        if isinstance(body, list):  # too large to inspect: relayed as it comes, unread
-            _uninspected(request, verdict, "")
-            return await _relay_body(request, upstream, response_headers, body)
-        if upstream.status != 200:
-            if span is not None:
-                Telemetry.answered(span, verdict.headers, request_id, upstream.status)
-            return _upstream_error(upstream.status, body, response_headers)
-        readable = _decoded(body, encoding, INSPECTED_ANSWER_BYTES)
-        if readable is not None and len(readable) > INSPECTED_ANSWER_BYTES:  # compressed, and too large unpacked
-            _uninspected(request, verdict, " unpacked")
-            readable = None
-        if readable is not None:
-            try:
-                answer = orjson.loads(readable)
-            except orjson.JSONDecodeError:
-                return json_error(502, "upstream answered with a body that is not JSON", "upstream_error",
-                                  "upstream_invalid_response")
-            if tap is not None and tap.keeps_answer:  # a chained request may continue from it: written first
-                tap.complete(answer)
-                await _persist(guard, tap)
-            elif tap is not None:  # the answer goes out first; the engine reads it on the loop's next turn
-                asyncio.get_running_loop().call_soon(tap.complete, answer)
-            if span is not None:
-                Telemetry.answered(span, verdict.headers, request_id, 200,
-                                   dialect.summary(answer) if isinstance(answer, dict) else None)
-        return web.Response(status=200, body=body, headers=response_headers)
+        return await _whole_answer(request, dialect, verdict, upstream, response_headers, span)
     finally:
         upstream.release()
+
+
+async def _parsed_body(request: web.Request, dialect: Dialect) -> Parsed | web.Response:
+    """The request's body parsed (from where it differs from its conversation's previous one), or the 4xx
+    that refuses it."""
+    settings, guard, metrics = request.app[SETTINGS], request.app[GUARD], request.app[METRICS]
+    _check_length(request, settings.max_body_bytes)
+    content_type = request.headers.get("Content-Type", "application/json")
+    if "json" not in content_type.lower():
+        return _refused(dialect, f"Content-Type must be application/json, got {content_type!r}",
+                        "invalid_content_type")
+    raw = await _whole_body(request, settings.max_body_bytes)
+    if not raw or raw.isspace():
+        return _refused(dialect, "request body is empty; expected a JSON object", "invalid_json")
+    try:
+        parsed = guard.bodies.parse(raw, dialect.items_key, lambda: body_slot(
+            request.headers, request.rel_url.query, dialect.name, raw))
+    except orjson.JSONDecodeError as exc:
+        return _refused(dialect, f"request body is not valid JSON: {exc}", "invalid_json")
+    if not isinstance(parsed.payload, dict):
+        return _refused(dialect, "request body must be a JSON object", "invalid_json")
+    known = parsed.known.ends[parsed.reused - 1] if parsed.reused else 0
+    metrics.body_known.inc(known)
+    metrics.body_parsed.inc(len(raw) - known)
+    return parsed
+
+
+async def _whole_answer(request: web.Request, dialect: Dialect, verdict: Forward, upstream: UpstreamResponse,
+                        response_headers: dict, span) -> web.StreamResponse:
+    """A non-streamed answer: relayed once read (the tap given it), or, too large to inspect, as it comes."""
+    tap, request_id = verdict.tap, upstream.headers.get("x-request-id")
+    try:
+        body = await _answer(upstream)
+    except Exception as exc:
+        if not is_read_failure(exc):
+            raise
+        raise _read_failure(exc) from exc
+    if isinstance(body, list):  # too large to inspect: relayed as it comes, unread
+        _uninspected(request, verdict, "")
+        return await _relay_body(request, upstream, response_headers, body)
+    if upstream.status != 200:
+        if span is not None:
+            Telemetry.answered(span, verdict.headers, request_id, upstream.status)
+        return _upstream_error(upstream.status, body, response_headers)
+    readable = _decoded(body, _encoding(upstream.headers), INSPECTED_ANSWER_BYTES)
+    if readable is not None and len(readable) > INSPECTED_ANSWER_BYTES:  # compressed, and too large unpacked
+        _uninspected(request, verdict, " unpacked")
+        readable = None
+    if readable is not None:
+        try:
+            answer = orjson.loads(readable)
+        except orjson.JSONDecodeError:
+            return json_error(502, "upstream answered with a body that is not JSON", "upstream_error",
+                              "upstream_invalid_response")
+        if tap is not None and tap.keeps_answer:  # a chained request may continue from it: written first
+            tap.complete(answer)
+            await _persist(request.app[GUARD], tap)
+        elif tap is not None:  # the answer goes out first; the engine reads it on the loop's next turn
+            asyncio.get_running_loop().call_soon(tap.complete, answer)
+        if span is not None:
+            Telemetry.answered(span, verdict.headers, request_id, 200,
+                               dialect.summary(answer) if isinstance(answer, dict) else None)
+    return web.Response(status=200, body=body, headers=response_headers)
 
 
 def _refused(dialect: Dialect, message: str, code: str) -> web.Response:

@@ -53,6 +53,7 @@ class KnownBody:
 
 @dataclass(slots=True)
 class Parsed:
+    raw: bytes
     payload: Any
     reused: int = 0  # leading items that are the previous body's (the same objects)
     previous: KnownBody | None = None  # the body they come from
@@ -72,7 +73,7 @@ class KnownBodies:
         parsed in its slot (`slot_of()`: whose conversation it is likely to be) that it begins with. `key`: the
         top-level member whose list holds the conversation."""
         if member is None or key is None or len(raw) < LONG_BODY:
-            return Parsed(orjson.loads(raw))
+            return Parsed(raw, orjson.loads(raw))
         slot = slot_of()
         previous = self._bodies.pop(slot, None)
         if previous is not None:
@@ -85,7 +86,7 @@ class KnownBodies:
         known = _first(raw, key, payload)
         if known is not None:
             self._remember(slot, known)
-        return Parsed(payload, known=known)
+        return Parsed(raw, payload, known=known)
 
     def _remember(self, slot: Hashable, known: KnownBody) -> None:
         self._bodies[slot] = known
@@ -136,7 +137,7 @@ def _continued(previous: KnownBody, raw: bytes, key: str) -> Parsed | None:
     payload = {**previous.head, **rest}
     known = KnownBody(raw, key, previous.list_start, previous.head, items, previous.ends[:reused] + ends, close,
                       previous.reading)
-    return Parsed(payload, reused, previous, known)
+    return Parsed(raw, payload, reused, previous, known)
 
 
 _BEFORE_ITEM = re.compile(rb"[ \t\r\n]*,?[ \t\r\n]*")  # what separates an item from the one before
