@@ -13,6 +13,7 @@ import logging
 import re
 import secrets
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from urllib.parse import quote
 
@@ -111,19 +112,33 @@ def parse_answer(text: str | None) -> tuple[float | None, str]:
 ANTHROPIC, GEMINI = "anthropic", "gcp.gemini"  # the providers judged in their own dialect
 
 
-class Judge:
-    """Asks over Chat Completions (`base_url`), or, for a session whose provider is Anthropic or Gemini (and no
-    JUDGE_URL), that provider's upstream in its own dialect (`anthropic_url`, `gemini_url`)."""
+class Endpoint(NamedTuple):
+    """Where the judge asks, and the key it asks with (None: the client's own)."""
 
-    def __init__(self, base_url: str, api_key: str | None, timeout: float, concurrency: int,
-                 anthropic_url: str | None = None, anthropic_api_key: str | None = None,
-                 gemini_url: str | None = None, gemini_api_key: str | None = None) -> None:
-        self.base_url = base_url
-        self.api_key = api_key
-        self.anthropic_url = anthropic_url
-        self.anthropic_api_key = anthropic_api_key
-        self.gemini_url = gemini_url
-        self.gemini_api_key = gemini_api_key
+    url: str | None
+    api_key: str | None = None
+
+
+class Question(NamedTuple):
+    """What the judge is asked of a session's task at one of its turns: the person's request and the window of
+    the conversation it reads, asked with the client's key (where the judge has none of its own)."""
+
+    task: str
+    turn: int
+    client_key: str
+    request: str
+    window: list[Message]
+
+
+class Judge:
+    """Asks over Chat Completions (`chat`), or, for a session whose provider is Anthropic or Gemini (and no
+    JUDGE_URL), that provider's upstream in its own dialect (`anthropic`, `gemini`)."""
+
+    def __init__(self, chat: Endpoint, timeout: float, concurrency: int, anthropic: Endpoint = Endpoint(None),
+                 gemini: Endpoint = Endpoint(None)) -> None:
+        self.base_url, self.api_key = chat
+        self.anthropic_url, self.anthropic_api_key = anthropic
+        self.gemini_url, self.gemini_api_key = gemini
         self._gemini_http: aiohttp.ClientSession | None = None
         self.timeout = timeout
         self._limit = asyncio.Semaphore(concurrency)
@@ -225,13 +240,13 @@ class Judge:
         confidence, analysis = parse_answer(text)
         return Answer(confidence, analysis, (data.get("usageMetadata") or {}).get("totalTokenCount", 0))
 
-    async def check(self, task: str, turn: int, model: str, confirm_model: str | None, client_key: str,
-                    request: str, window: list[Message], provider: str = "openai") -> tuple[JudgeCheck, int]:
-        first = await self.ask(model, client_key, request, window, provider)
+    async def check(self, question: Question, model: str, confirm_model: str | None,
+                    provider: str = "openai") -> tuple[JudgeCheck, int]:
+        first = await self.ask(model, question.client_key, question.request, question.window, provider)
         tokens = first.tokens
         confirm = None
         if confirm_model and first.confidence is not None and first.confidence >= LOOP_CONFIDENCE:
-            second = await self.ask(confirm_model, client_key, request, window, provider)
+            second = await self.ask(confirm_model, question.client_key, question.request, question.window, provider)
             tokens += second.tokens
             confirm = second.confidence
-        return JudgeCheck(task, turn, first.confidence, confirm, first.analysis), tokens
+        return JudgeCheck(question.task, question.turn, first.confidence, confirm, first.analysis), tokens

@@ -541,62 +541,81 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
             if own:
                 j += own  # the agent's own preamble or note, and the reply it recorded: no task, no turn
                 continue
-            text = message.text
-            state = _new_task(config, messages, j + 1, state)
-            if opening is not None and opening[1] == j:
-                state.before = (opening[0], opening[2], _harness_key(text))
-                state.harness.add(state.before[2])  # if it comes again, it is the harness talking
-            elif j > 0 and messages[j - 1].role == ASSISTANT:
-                state.harness.add(_harness_key(text))
+            state = _person_text(config, state, messages, j, opening)
             opening = None
-            for number, step in enumerate(trajectory(text) or (), start=1):
-                # DSPy's ReAct: each step of the trajectory in this message is a turn.
-                turn = Turn(config, state, j, number)
-                turn.tool_call(text_call(step.action, step.observation))
-                turn.finish(j + 1)
             j += 1
         elif role == ASSISTANT:
             if own_reply(messages, j):
                 j += 1  # an agent's recorded `Ok.` whose preamble is out of this request
                 continue
-            text, was_cut = model_text(message)
-            if not message.calls:
-                if _repeats_opener(state, messages, j, reset_at):
-                    # The text that opened this task answers again: it was the harness, and its step is one of
-                    # the task before, folded again from that step on.
-                    restored, at, key = state.before
-                    restored = restored.clone()
-                    restored.harness.add(key)
-                    state = _fold(config, restored, messages, at, j, reset_at)
-                at = _may_open_task(state, messages, j)
-                if at is not None:
-                    snapshot = state.clone()
-                    snapshot.before = None
-                    opening = (snapshot, at, j)
-            state.anchor(message)
-            if message.calls:
-                results, after = _tool_results(messages, j + 1)
-                calls = [make_call(call, results) for call in message.calls]
-            else:
-                calls, after = _text_steps(state, messages, j, text)
-            turn = Turn(config, state, j)
-            # A reply that took no action: none written, or only one the harness rejected
-            turn.reply(text if not message.calls and not was_cut and all(c.error for c in calls) else None)
-            if text:
-                turn.text(text)
-            if was_cut:
-                cut = reasoning_cut(message.text)
-                if cut is not None:
-                    turn.cut_in_reasoning(cut)
-            turn.tool_calls(calls, after)
-            turn.finish(after, was_cut)
-            j = after
+            state, may_open, j = _assistant_turn(config, state, messages, j, reset_at)
+            if may_open is not None:
+                opening = may_open
         else:
             j += 1  # system, developer, stray tool results
     if end == reset_at and state.start < reset_at:
         state = _new_task(config, messages, reset_at, state)
     state.tools.settle()  # the messages may be gone by the next request
     return state
+
+
+def _person_text(config: DetectConfig, state: TaskState, messages: list[Message], j: int,
+                 opening: tuple[TaskState, int, int] | None) -> TaskState:
+    """A user's text at `j`: the task it opens (after an assistant's text that may have opened one, the task
+    before it is kept, in case this text is the harness answering)."""
+    text = messages[j].text
+    state = _new_task(config, messages, j + 1, state)
+    if opening is not None and opening[1] == j:
+        state.before = (opening[0], opening[2], _harness_key(text))
+        state.harness.add(state.before[2])  # if it comes again, it is the harness talking
+    elif j > 0 and messages[j - 1].role == ASSISTANT:
+        state.harness.add(_harness_key(text))
+    for number, step in enumerate(trajectory(text) or (), start=1):
+        # DSPy's ReAct: each step of the trajectory in this message is a turn.
+        turn = Turn(config, state, j, number)
+        turn.tool_call(text_call(step.action, step.observation))
+        turn.finish(j + 1)
+    return state
+
+
+def _assistant_turn(config: DetectConfig, state: TaskState, messages: list[Message], j: int, reset_at: int
+                    ) -> tuple[TaskState, tuple[TaskState, int, int] | None, int]:
+    """The assistant's message at `j` and what answered it, as one turn: the state after it, the task before it
+    where its text may open one (None: it may not), and the index past the turn."""
+    message = messages[j]
+    text, was_cut = model_text(message)
+    opening = None
+    if not message.calls:
+        if _repeats_opener(state, messages, j, reset_at):
+            # The text that opened this task answers again: it was the harness, and its step is one of the task
+            # before, folded again from that step on.
+            restored, at, key = state.before
+            restored = restored.clone()
+            restored.harness.add(key)
+            state = _fold(config, restored, messages, at, j, reset_at)
+        at = _may_open_task(state, messages, j)
+        if at is not None:
+            snapshot = state.clone()
+            snapshot.before = None
+            opening = (snapshot, at, j)
+    state.anchor(message)
+    if message.calls:
+        results, after = _tool_results(messages, j + 1)
+        calls = [make_call(call, results) for call in message.calls]
+    else:
+        calls, after = _text_steps(state, messages, j, text)
+    turn = Turn(config, state, j)
+    # A reply that took no action: none written, or only one the harness rejected
+    turn.reply(text if not message.calls and not was_cut and all(c.error for c in calls) else None)
+    if text:
+        turn.text(text)
+    if was_cut:
+        cut = reasoning_cut(message.text)
+        if cut is not None:
+            turn.cut_in_reasoning(cut)
+    turn.tool_calls(calls, after)
+    turn.finish(after, was_cut)
+    return state, opening, after
 
 
 def own_reply(messages: list[Message], j: int) -> bool:

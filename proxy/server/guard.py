@@ -15,7 +15,7 @@ from proxy.config import Settings
 from proxy.conversation import Chain
 from proxy.detect.judge_policy import judge_window
 from proxy.inspection import Inspector, JudgeDue, client_key, tenant_of
-from proxy.judge import JUDGE_HEADER, JUDGE_TOKEN, Judge
+from proxy.judge import JUDGE_HEADER, JUDGE_TOKEN, Endpoint, Judge, Question
 from proxy.server.alerts import Alerts
 from proxy.server.episodes import EpisodeLog
 from proxy.wire.dialect import Dialect
@@ -71,8 +71,8 @@ class JudgeScheduler:
             request, window = judge_window(due.messages, due.task_start)
             model = self.settings.judge_model or due.context.model
             # A session is judged by its own provider, in its own dialect, unless JUDGE_URL names another.
-            check, tokens = await self.judge.check(due.task, due.turn, model, self.settings.judge_confirm_model,
-                                                   due.client_key, request, window,
+            check, tokens = await self.judge.check(Question(due.task, due.turn, due.client_key, request, window),
+                                                   model, self.settings.judge_confirm_model,
                                                    provider if self.settings.judge_url is None else "openai")
             self.store.record_judge_check(due.context.tenant, due.context.session_id, check, model, tokens)
             if self.metrics is not None:
@@ -109,11 +109,13 @@ class Guard:
         self.episodes = EpisodeLog(store, metrics, self.alerts)
         self.chain = ResponseChain(store)
         self.bodies = KnownBodies()  # each long conversation's last body: the next is parsed from where it differs
-        judge = Judge(settings.judge_url or settings.upstream_url, settings.judge_api_key or settings.upstream_api_key,
-                      settings.judge_timeout, settings.judge_concurrency, anthropic_root(settings.anthropic_upstream_url),
-                      settings.judge_api_key or settings.anthropic_upstream_api_key, settings.gemini_upstream_url,
-                      settings.judge_api_key or settings.gemini_upstream_api_key,
-                      ) if settings.llm_check and store is not None else None
+        judge = Judge(
+            Endpoint(settings.judge_url or settings.upstream_url, settings.judge_api_key or settings.upstream_api_key),
+            settings.judge_timeout, settings.judge_concurrency,
+            Endpoint(anthropic_root(settings.anthropic_upstream_url),
+                     settings.judge_api_key or settings.anthropic_upstream_api_key),
+            Endpoint(settings.gemini_upstream_url, settings.judge_api_key or settings.gemini_upstream_api_key),
+        ) if settings.llm_check and store is not None else None
         self.inspector = Inspector(settings, store, self.episodes,
                                    judging=judge is not None, keep=self.chain.keep if store is not None else None,
                                    is_judge=is_judge)

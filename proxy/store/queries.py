@@ -156,66 +156,16 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
     """What enforcement did; and, apart, what observe mode saw it would have done. From the counts kept per
     bucket (proxy/store/rollup.py), and for a period that starts inside a bucket, from the rows before the
     first whole one. A task or a session counts in the period of its last detection."""
-    def by_tenant(column) -> list:
-        return [column == tenant] if tenant is not None else []
-
-    sources, head = _sources(since)
-    outcome_buckets = by_tenant(OutcomeBucket.tenant)
-    outcome_head = None  # tasks and sessions whose last detection is before the first whole outcome bucket
-    if since is not None:
-        begin = rollup.first_bucket_from(since, rollup.BUCKET_SECONDS)
-        outcome_buckets.append(OutcomeBucket.bucket >= begin)
-        if since < rollup.bucket_start(begin):
-            outcome_head = (since, rollup.bucket_start(begin))
     async with engine.connect() as connection:
-        counts = []
-        for conditions in sources:
-            counts += (await connection.execute(
-                select(CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model,
-                       *rollup.bucket_sums())
-                .where(*conditions, *by_tenant(CountBucket.tenant))
-                .group_by(CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model))).all()
-        if head is not None:
-            counts += (await connection.execute(
-                select(Detection.enforced, Detection.type, Detection.action, rollup.MODEL, *rollup.detection_sums())
-                .where(Detection.created_at >= head[0], Detection.created_at < head[1], *by_tenant(Detection.tenant))
-                .group_by(Detection.enforced, Detection.type, Detection.action, rollup.MODEL))).all()
-        outcomes = (await connection.execute(
-            select(OutcomeBucket.enforced, func.sum(OutcomeBucket.warned_tasks),
-                   func.sum(OutcomeBucket.recovered_tasks), func.sum(OutcomeBucket.stopped_tasks),
-                   func.sum(OutcomeBucket.sessions))
-            .where(*outcome_buckets).group_by(OutcomeBucket.enforced))).all()
-        if outcome_head is not None:
-            start, end = outcome_head
-            outcomes += (await connection.execute(
-                select(TaskOutcome.enforced, *rollup.task_outcomes(), literal_column("0"))
-                .where(TaskOutcome.last_at >= start, TaskOutcome.last_at < end, *by_tenant(TaskOutcome.tenant))
-                .group_by(TaskOutcome.enforced))).all()
-            outcomes.append((True, 0, 0, 0, (await connection.execute(
-                select(func.count()).select_from(SessionCount).where(
-                    SessionCount.last_enforced_at >= start, SessionCount.last_enforced_at < end,
-                    *by_tenant(SessionCount.tenant)))).scalar()))
+        counts = await _detection_counts(connection, since, tenant)
+        outcomes = await _task_outcomes(connection, since, tenant)
         judge_condition = [JudgeCheckRow.created_at >= since] if since else []
         if tenant is not None:
             judge_condition.append(JudgeCheckRow.tenant == tenant)
         judge = (await connection.execute(
             select(func.count(), func.coalesce(func.sum(JudgeCheckRow.tokens), 0)).where(
                 and_(True, *judge_condition)))).one()
-    modes = {mode: {"by_type": defaultdict(int), "by_action": defaultdict(int), "by_model": defaultdict(int),
-                    "saved": 0, "first_turns": 0, "first_episodes": 0, "tasks": [0, 0, 0, 0]} for mode in (True, False)}
-    for is_enforced, kind, action, model_name, count, saved, first_turns, first_episodes in counts:
-        mode = modes[bool(is_enforced)]
-        mode["by_type"][kind] += int(count or 0)
-        mode["by_action"][action] += int(count or 0)
-        mode["by_model"][model_name or "unknown"] += int(count or 0)
-        mode["saved"] += int(saved or 0)
-        mode["first_turns"] += int(first_turns or 0)
-        mode["first_episodes"] += int(first_episodes or 0)
-    for is_enforced, *tallies in outcomes:
-        totals = modes[bool(is_enforced)]["tasks"]
-        for index, value in enumerate(tallies):
-            totals[index] += int(value or 0)
-    enforced, observed = modes[True], modes[False]
+    enforced, observed = _tallied(counts, outcomes)
     warned_tasks, recovered, _, sessions = enforced["tasks"]
     return {
         "since": iso(since),
@@ -240,6 +190,77 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
             "would_have_stopped_tasks": observed["tasks"][2],
         },
     }
+
+
+def _of_tenant(column, tenant: str | None) -> list:
+    return [column == tenant] if tenant is not None else []
+
+
+async def _detection_counts(connection, since: datetime | None, tenant: str | None) -> list:
+    """Detections by mode, type, action and model, with what they saved and their first turns: from the
+    buckets, and the rows before the first whole one."""
+    sources, head = _sources(since)
+    counts = []
+    for conditions in sources:
+        counts += (await connection.execute(
+            select(CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model,
+                   *rollup.bucket_sums())
+            .where(*conditions, *_of_tenant(CountBucket.tenant, tenant))
+            .group_by(CountBucket.enforced, CountBucket.type, CountBucket.action, CountBucket.model))).all()
+    if head is not None:
+        counts += (await connection.execute(
+            select(Detection.enforced, Detection.type, Detection.action, rollup.MODEL, *rollup.detection_sums())
+            .where(Detection.created_at >= head[0], Detection.created_at < head[1],
+                   *_of_tenant(Detection.tenant, tenant))
+            .group_by(Detection.enforced, Detection.type, Detection.action, rollup.MODEL))).all()
+    return counts
+
+
+async def _task_outcomes(connection, since: datetime | None, tenant: str | None) -> list:
+    """Warned, recovered and stopped tasks and the sessions affected, by mode: from the outcome buckets, and
+    for the tasks and sessions whose last detection is before the first whole one, from their rows."""
+    outcome_buckets = _of_tenant(OutcomeBucket.tenant, tenant)
+    outcome_head = None
+    if since is not None:
+        begin = rollup.first_bucket_from(since, rollup.BUCKET_SECONDS)
+        outcome_buckets.append(OutcomeBucket.bucket >= begin)
+        if since < rollup.bucket_start(begin):
+            outcome_head = (since, rollup.bucket_start(begin))
+    outcomes = (await connection.execute(
+        select(OutcomeBucket.enforced, func.sum(OutcomeBucket.warned_tasks),
+               func.sum(OutcomeBucket.recovered_tasks), func.sum(OutcomeBucket.stopped_tasks),
+               func.sum(OutcomeBucket.sessions))
+        .where(*outcome_buckets).group_by(OutcomeBucket.enforced))).all()
+    if outcome_head is not None:
+        start, end = outcome_head
+        outcomes += (await connection.execute(
+            select(TaskOutcome.enforced, *rollup.task_outcomes(), literal_column("0"))
+            .where(TaskOutcome.last_at >= start, TaskOutcome.last_at < end, *_of_tenant(TaskOutcome.tenant, tenant))
+            .group_by(TaskOutcome.enforced))).all()
+        outcomes.append((True, 0, 0, 0, (await connection.execute(
+            select(func.count()).select_from(SessionCount).where(
+                SessionCount.last_enforced_at >= start, SessionCount.last_enforced_at < end,
+                *_of_tenant(SessionCount.tenant, tenant)))).scalar()))
+    return outcomes
+
+
+def _tallied(counts: list, outcomes: list) -> tuple[dict, dict]:
+    """The counts and outcomes summed per mode: (enforced, observed)."""
+    modes = {mode: {"by_type": defaultdict(int), "by_action": defaultdict(int), "by_model": defaultdict(int),
+                    "saved": 0, "first_turns": 0, "first_episodes": 0, "tasks": [0, 0, 0, 0]} for mode in (True, False)}
+    for is_enforced, kind, action, model_name, count, saved, first_turns, first_episodes in counts:
+        mode = modes[bool(is_enforced)]
+        mode["by_type"][kind] += int(count or 0)
+        mode["by_action"][action] += int(count or 0)
+        mode["by_model"][model_name or "unknown"] += int(count or 0)
+        mode["saved"] += int(saved or 0)
+        mode["first_turns"] += int(first_turns or 0)
+        mode["first_episodes"] += int(first_episodes or 0)
+    for is_enforced, *tallies in outcomes:
+        totals = modes[bool(is_enforced)]["tasks"]
+        for index, value in enumerate(tallies):
+            totals[index] += int(value or 0)
+    return modes[True], modes[False]
 
 
 async def timeline(engine: AsyncEngine, where: DetectionFilter, buckets: int = 48,

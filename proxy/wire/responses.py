@@ -248,37 +248,14 @@ class ResponsesStream:
         if isinstance(sequence, int) and sequence > self._sequence:
             self._sequence = sequence
         if kind in _REASONING_DELTAS:
-            delta = data.get("delta")
-            thinking = self._thinking
-            if isinstance(delta, str) and delta:
-                self._reasoning.append(delta)
-                self.last_reasoning = delta
-                if thinking is not None and thinking["id"] == data.get("item_id"):
-                    where, index_key = _REASONING_DELTAS[kind]
-                    index = data.get(index_key, 0)
-                    part = thinking["parts"].setdefault((where, index), {"text": [], "done": set()})
-                    part["text"].append(delta)
+            self._reasoning_delta(kind, data)
             return "", False
         if kind in _REASONING_DONE:
-            thinking = self._thinking
-            where, index_key, closes = _REASONING_DONE[kind]
-            if thinking is not None and thinking["id"] == data.get("item_id"):
-                part = thinking["parts"].get((where, data.get(index_key, 0)))
-                if part is not None:
-                    part["done"].add(closes)
+            self._reasoning_done(kind, data)
             if kind != "response.content_part.done":
                 return "", False
         if kind == "response.output_text.delta":
-            delta = data.get("delta")
-            if isinstance(delta, str) and delta:
-                self._text.append(delta)
-                self._item_text.append(delta)
-                if self._open is None or self._open.get("id") != data.get("item_id"):
-                    self._open = {"id": data.get("item_id"), "output_index": data.get("output_index", 0),
-                                  "content_index": data.get("content_index", 0)}
-                    self._item_text = [delta]
-                return delta, False
-            return "", False
+            return self._text_delta(data), False
         if kind == "response.output_item.added":
             item = data.get("item") or {}
             if item.get("type") == "message":
@@ -289,19 +266,11 @@ class ResponsesStream:
                                   "parts": {}}
             return "", item.get("type") in CALL_TYPES
         if kind == "response.output_item.done":
-            item = data.get("item")
-            if isinstance(item, dict):
-                self._done_items[data.get("output_index", len(self._done_items))] = item
-                if self._open is not None and item.get("id") == self._open.get("id"):
-                    self._open = None
-                if self._thinking is not None and item.get("id") == self._thinking["id"]:
-                    self._thinking = None
-            return "", False
-        if kind == "response.created" or kind == "response.in_progress":
+            self._item_done(data)
+        elif kind == "response.created" or kind == "response.in_progress":
             if isinstance(data.get("response"), dict):
                 self.response = data["response"]
-            return "", False
-        if kind in ("response.completed", "response.incomplete", "response.failed"):
+        elif kind in ("response.completed", "response.incomplete", "response.failed"):
             self.finished = True
             response = data.get("response")
             if isinstance(response, dict):
@@ -309,6 +278,47 @@ class ResponsesStream:
                 if isinstance(response.get("output"), list):
                     self._final = response["output"]
         return "", False
+
+    def _reasoning_delta(self, kind: str, data: dict) -> None:
+        delta = data.get("delta")
+        thinking = self._thinking
+        if isinstance(delta, str) and delta:
+            self._reasoning.append(delta)
+            self.last_reasoning = delta
+            if thinking is not None and thinking["id"] == data.get("item_id"):
+                where, index_key = _REASONING_DELTAS[kind]
+                index = data.get(index_key, 0)
+                part = thinking["parts"].setdefault((where, index), {"text": [], "done": set()})
+                part["text"].append(delta)
+
+    def _reasoning_done(self, kind: str, data: dict) -> None:
+        thinking = self._thinking
+        where, index_key, closes = _REASONING_DONE[kind]
+        if thinking is not None and thinking["id"] == data.get("item_id"):
+            part = thinking["parts"].get((where, data.get(index_key, 0)))
+            if part is not None:
+                part["done"].add(closes)
+
+    def _text_delta(self, data: dict) -> str:
+        delta = data.get("delta")
+        if not (isinstance(delta, str) and delta):
+            return ""
+        self._text.append(delta)
+        self._item_text.append(delta)
+        if self._open is None or self._open.get("id") != data.get("item_id"):
+            self._open = {"id": data.get("item_id"), "output_index": data.get("output_index", 0),
+                          "content_index": data.get("content_index", 0)}
+            self._item_text = [delta]
+        return delta
+
+    def _item_done(self, data: dict) -> None:
+        item = data.get("item")
+        if isinstance(item, dict):
+            self._done_items[data.get("output_index", len(self._done_items))] = item
+            if self._open is not None and item.get("id") == self._open.get("id"):
+                self._open = None
+            if self._thinking is not None and item.get("id") == self._thinking["id"]:
+                self._thinking = None
 
     def message(self) -> Message:
         output = self._final if self._final is not None else [self._done_items[i] for i in sorted(self._done_items)]
