@@ -14,7 +14,7 @@ from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
 from proxy import compiled
-from proxy.config import FIELDS, Settings
+from proxy.config import FIELDS, SECRETS, Settings
 from proxy.detect.engine import DetectConfig
 from proxy.loops import loop_name
 from proxy.replay import read_records, replay as replay_one, summary
@@ -207,16 +207,12 @@ def _table(columns: list[str], rows: list[dict], empty: str) -> str:
     return "\n".join(lines)
 
 
-_SECRETS = ("upstream_api_key", "anthropic_upstream_api_key", "gemini_upstream_api_key", "judge_api_key",
-            "admin_token")
-
-
 def describe_config(settings, sources: dict[str, str]) -> str:
     """Every setting in force and where its value came from; then the policies. Secrets are not shown."""
     rows = []
     for name in FIELDS:
         value = getattr(settings, name)
-        if name in _SECRETS and value:
+        if name in SECRETS and value:
             value = "(set)"
         elif isinstance(value, frozenset):
             value = ",".join(sorted(value)) or ""

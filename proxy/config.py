@@ -47,49 +47,84 @@ class ConfigError(ValueError):
     """A setting has a value that cannot be used; the message names it."""
 
 
+def setting(default: Any, help: str, *, kind: type | None = None, choices: tuple[str, ...] = (),
+            minimum: int | None = None, maximum: float | None = None, secret: bool = False,
+            url: bool = False) -> Any:
+    """A setting declared once: its default and help (`serve --help` adds the default and the variable), its
+    type where the default does not say it (an unset number), the values it takes (`choices`, an integer's
+    `minimum`, a number's `maximum`), and whether it is a secret (never shown) or a URL (checked as one)."""
+    if kind is None:
+        kind = str if default is None else frozenset if default is frozenset else type(default)
+    metadata = {"help": help, "kind": kind, "choices": choices, "minimum": minimum, "maximum": maximum,
+                "secret": secret, "url": url}
+    if default is frozenset:
+        return field(default_factory=frozenset, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+MODES = ("enforce", "observe")
+CENTURY = 36_500.0  # days a timedelta (and the database's dates) can hold with room to spare
+
+
 @dataclass(frozen=True)
 class Settings:
-    upstream_url: str = "https://api.openai.com/v1"
-    upstream_api_key: str | None = None
-    anthropic_upstream_url: str = "https://api.anthropic.com"
-    anthropic_upstream_api_key: str | None = None
-    gemini_upstream_url: str = "https://generativelanguage.googleapis.com"
-    gemini_upstream_api_key: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8989
-    database_url: str = "sqlite+aiosqlite:///./loopwarden.db"
-    admin_token: str | None = None
-    preset: str = "default"
-    max_warnings: int = 2
-    tool_call_threshold: int = 3
-    content_chunk_size: int = 50
-    content_loop_threshold: int = 10
-    dynamic_thresholds: bool = False
-    whitelisted_tools: frozenset[str] = field(default_factory=frozenset)
-    llm_check: bool = True
-    llm_check_after_turns: int = 30
-    judge_url: str | None = None
-    judge_model: str | None = None
-    judge_api_key: str | None = None
-    judge_confirm_model: str | None = None
-    judge_timeout: float = 30.0
-    judge_concurrency: int = 4
-    warning_role: str = "system"
-    max_body_bytes: int = 32 * 1024 * 1024
-    cut_notice: bool = True
-    mode: str = "enforce"
-    webhook_url: str | None = None
-    webhook_events: str = "stop"
-    public_url: str | None = None
-    detection_retention_days: float | None = None  # keep all
-    response_retention_days: float = 30.0
+    upstream_url: str = setting("https://api.openai.com/v1", "base URL of the real OpenAI-compatible endpoint",
+                                url=True)
+    upstream_api_key: str | None = setting(None, "replaces the client's Authorization on upstream requests",
+                                           secret=True)
+    anthropic_upstream_url: str = setting(
+        "https://api.anthropic.com", "base URL for Anthropic-dialect requests (/v1/messages, anthropic-version)",
+        url=True)
+    anthropic_upstream_api_key: str | None = setting(
+        None, "replaces the client's x-api-key / Authorization on Anthropic requests", secret=True)
+    gemini_upstream_url: str = setting(
+        "https://generativelanguage.googleapis.com",
+        "root URL for Gemini-API requests (models/...:generateContent, x-goog-api-key)", url=True)
+    gemini_upstream_api_key: str | None = setting(
+        None, "replaces the client's x-goog-api-key / key on Gemini requests", secret=True)
+    host: str = setting("127.0.0.1", "address to listen on")
+    port: int = setting(8989, "port to listen on", minimum=1)
+    database_url: str = setting("sqlite+aiosqlite:///./loopwarden.db",
+                                "the detection log: sqlite+aiosqlite:///PATH or postgresql+asyncpg://...")
+    admin_token: str | None = setting(None, "bearer token for /loopwarden/*; unset: loopback clients only",
+                                      secret=True)
+    preset: str = setting("default", "strict, default or lenient thresholds; explicit settings win",
+                          choices=tuple(PRESETS))
+    max_warnings: int = setting(2, "warnings before the stop (0: stop at the first detection)", minimum=0)
+    tool_call_threshold: int = setting(3, "identical consecutive tool calls that make a loop", minimum=2)
+    content_chunk_size: int = setting(50, "characters per chunk when looking for chanting", minimum=8)
+    content_loop_threshold: int = setting(10, "repeats of a chunk that make chanting", minimum=2)
+    dynamic_thresholds: bool = setting(False, "scale thresholds by conversation length")
+    whitelisted_tools: frozenset[str] = setting(frozenset, "comma list of tools never counted as looping")
+    llm_check: bool = setting(True, "ask a judge model whether a long task still progresses")
+    llm_check_after_turns: int = setting(30, "assistant turns in a task before the first judge call", minimum=1)
+    judge_url: str | None = setting(None, "where the judge runs (unset: the upstream)", url=True)
+    judge_model: str | None = setting(None, "the judge's model (unset: the request's model)")
+    judge_api_key: str | None = setting(None, "the judge's key (unset: the client's key)", secret=True)
+    judge_confirm_model: str | None = setting(None, "a second model that must agree before a judge verdict counts")
+    judge_timeout: float = setting(30.0, "seconds a judge call may take")
+    judge_concurrency: int = setting(4, "judge calls in flight at once", minimum=1)
+    warning_role: str = setting("system", "role of the injected warning: system, developer or user",
+                                choices=WARNING_ROLES)
+    max_body_bytes: int = setting(32 * 1024 * 1024, "larger request bodies get 413", minimum=1)
+    cut_notice: bool = setting(True, "a cut stream's last text says why it stopped")
+    mode: str = setting("enforce", "enforce, or observe: detect and log, change nothing", choices=MODES)
+    webhook_url: str | None = setting(None, "each stop (or each episode, see --webhook-events) is POSTed here",
+                                      url=True)
+    webhook_events: str = setting("stop", "stop, or all: warnings and cuts too", choices=("stop", "all"))
+    public_url: str | None = setting(None, "the address operators reach the proxy at, for alert links", url=True)
+    detection_retention_days: float | None = setting(
+        None, "delete detections older than this many days (unset: keep all)", kind=float, maximum=CENTURY)
+    response_retention_days: float = setting(
+        30.0, "forget kept Responses conversations older than this many days", maximum=CENTURY)
     # Not in the contract's table; production defaults documented in the README.
-    upstream_connect_timeout: float = 10.0
-    upstream_read_timeout: float = 600.0
-    shutdown_grace: float = 30.0
-    log_buffer_size: int = 10_000
-    log_level: str = "info"
-    event_loop: str = "auto"  # uvloop where it is installed, else the standard loop
+    upstream_connect_timeout: float = setting(10.0, "seconds to connect to the upstream")
+    upstream_read_timeout: float = setting(600.0, "seconds the upstream may stay silent mid-answer")
+    shutdown_grace: float = setting(30.0, "seconds streams in flight get to finish on SIGTERM")
+    log_buffer_size: int = setting(10_000, "log records buffered while the database is slow or away", minimum=1)
+    log_level: str = setting("info", "debug, info, warning or error", choices=("debug", "info", "warning", "error"))
+    event_loop: str = setting("auto", "auto (uvloop where installed), uvloop or asyncio",
+                              choices=("auto", "uvloop", "asyncio"))
     # From the config file's [tools."..."] and [models."..."] tables only.
     policies: Policies = field(default_factory=Policies)
 
@@ -99,52 +134,9 @@ class Settings:
         return dataclasses.replace(self, **overrides) if overrides else self
 
 
-# The settings that have a flag, an environment variable and a file key.
+# The settings that have a flag, an environment variable and a file key, as declared.
 FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "policies"}
-
-# One line of help per setting (`loopwarden serve --help` adds its default and its variable).
-HELP = {
-    "upstream_url": "base URL of the real OpenAI-compatible endpoint",
-    "upstream_api_key": "replaces the client's Authorization on upstream requests",
-    "anthropic_upstream_url": "base URL for Anthropic-dialect requests (/v1/messages, anthropic-version)",
-    "anthropic_upstream_api_key": "replaces the client's x-api-key / Authorization on Anthropic requests",
-    "gemini_upstream_url": "root URL for Gemini-API requests (models/...:generateContent, x-goog-api-key)",
-    "gemini_upstream_api_key": "replaces the client's x-goog-api-key / key on Gemini requests",
-    "host": "address to listen on",
-    "port": "port to listen on",
-    "database_url": "the detection log: sqlite+aiosqlite:///PATH or postgresql+asyncpg://...",
-    "admin_token": "bearer token for /loopwarden/*; unset: loopback clients only",
-    "preset": "strict, default or lenient thresholds; explicit settings win",
-    "max_warnings": "warnings before the stop (0: stop at the first detection)",
-    "tool_call_threshold": "identical consecutive tool calls that make a loop",
-    "content_chunk_size": "characters per chunk when looking for chanting",
-    "content_loop_threshold": "repeats of a chunk that make chanting",
-    "dynamic_thresholds": "scale thresholds by conversation length",
-    "whitelisted_tools": "comma list of tools never counted as looping",
-    "llm_check": "ask a judge model whether a long task still progresses",
-    "llm_check_after_turns": "assistant turns in a task before the first judge call",
-    "judge_url": "where the judge runs (unset: the upstream)",
-    "judge_model": "the judge's model (unset: the request's model)",
-    "judge_api_key": "the judge's key (unset: the client's key)",
-    "judge_confirm_model": "a second model that must agree before a judge verdict counts",
-    "judge_timeout": "seconds a judge call may take",
-    "judge_concurrency": "judge calls in flight at once",
-    "warning_role": "role of the injected warning: system, developer or user",
-    "max_body_bytes": "larger request bodies get 413",
-    "cut_notice": "a cut stream's last text says why it stopped",
-    "mode": "enforce, or observe: detect and log, change nothing",
-    "webhook_url": "each stop (or each episode, see --webhook-events) is POSTed here",
-    "webhook_events": "stop, or all: warnings and cuts too",
-    "public_url": "the address operators reach the proxy at, for alert links",
-    "detection_retention_days": "delete detections older than this many days (unset: keep all)",
-    "response_retention_days": "forget kept Responses conversations older than this many days",
-    "upstream_connect_timeout": "seconds to connect to the upstream",
-    "upstream_read_timeout": "seconds the upstream may stay silent mid-answer",
-    "shutdown_grace": "seconds streams in flight get to finish on SIGTERM",
-    "log_buffer_size": "log records buffered while the database is slow or away",
-    "log_level": "debug, info, warning or error",
-    "event_loop": "auto (uvloop where installed), uvloop or asyncio",
-}
+SECRETS = frozenset(name for name, f in FIELDS.items() if f.metadata["secret"])  # never shown
 
 
 def help_line(name: str) -> str:
@@ -155,35 +147,13 @@ def help_line(name: str) -> str:
     if isinstance(default, frozenset):
         default = ",".join(sorted(default)) or None
     shown = "unset" if default is None else default
-    return f"{HELP[name]} (default: {shown}; env {ENV_PREFIX}{name.upper()})"
-MODES = ("enforce", "observe")
-_CHOICES = {"preset": tuple(PRESETS), "warning_role": WARNING_ROLES, "mode": MODES, "webhook_events": ("stop", "all"),
-            "log_level": ("debug", "info", "warning", "error"), "event_loop": ("auto", "uvloop", "asyncio")}
-_OPTIONAL_TEXT = frozenset(
-    {"upstream_api_key", "anthropic_upstream_api_key", "gemini_upstream_api_key", "admin_token", "judge_url", "judge_model", "judge_api_key",
-     "judge_confirm_model", "webhook_url", "public_url"}
-)
-_OPTIONAL_NUMBERS = frozenset({"detection_retention_days"})  # unset by default
-# Days a timedelta (and the database's dates) can hold with room to spare: a century.
-_MAX_FLOAT = {"detection_retention_days": 36_500.0, "response_retention_days": 36_500.0}
-_MIN = {
-    "port": 1,
-    "max_warnings": 0,
-    "tool_call_threshold": 2,
-    "content_chunk_size": 8,
-    "content_loop_threshold": 2,
-    "llm_check_after_turns": 1,
-    "judge_concurrency": 1,
-    "max_body_bytes": 1,
-    "log_buffer_size": 1,
-}
+    return f"{FIELDS[name].metadata['help']} (default: {shown}; env {ENV_PREFIX}{name.upper()})"
 
 
 def _convert(name: str, raw: Any) -> Any:
-    """Turn a raw value (string from env/flag, or a TOML value) into the field's type."""
-    default = FIELDS[name].default
-    kind = str if name in _OPTIONAL_TEXT else float if name in _OPTIONAL_NUMBERS else \
-        type(default) if default is not dataclasses.MISSING else frozenset
+    """Turn a raw value (string from env/flag, or a TOML value) into the setting's type, within its range."""
+    declared = FIELDS[name].metadata
+    kind = declared["kind"]
     try:
         if kind is bool:
             if isinstance(raw, bool):
@@ -198,8 +168,9 @@ def _convert(name: str, raw: Any) -> Any:
             if isinstance(raw, bool):
                 raise ValueError
             value = int(raw)
-            if value < _MIN.get(name, 0):
-                raise ConfigError(f"must be at least {_MIN.get(name, 0)}, got {value}")
+            lowest = declared["minimum"] or 0
+            if value < lowest:
+                raise ConfigError(f"must be at least {lowest}, got {value}")
             if name == "port" and value > 65535:
                 raise ValueError
             return value
@@ -207,7 +178,7 @@ def _convert(name: str, raw: Any) -> Any:
             if isinstance(raw, bool):
                 raise ValueError
             value = float(raw)
-            highest = _MAX_FLOAT.get(name)
+            highest = declared["maximum"]
             if not math.isfinite(value) or value <= 0 or (highest is not None and value > highest):
                 raise ConfigError(f"must be a number above 0{f' and at most {highest:g}' if highest else ''}, "
                                   f"got {raw!r}")
@@ -216,12 +187,12 @@ def _convert(name: str, raw: Any) -> Any:
             items = raw if isinstance(raw, list) else str(raw).split(",")
             return frozenset(str(item).strip() for item in items if str(item).strip())
         text = str(raw).strip()
-        if name in _OPTIONAL_TEXT:
+        if FIELDS[name].default is None:  # unset by default: empty unsets it
             return text or None
         if not text:
             raise ValueError
-        if name in _CHOICES and text not in _CHOICES[name]:
-            raise ConfigError(f"must be one of {', '.join(_CHOICES[name])}, got {text!r}")
+        if declared["choices"] and text not in declared["choices"]:
+            raise ConfigError(f"must be one of {', '.join(declared['choices'])}, got {text!r}")
         return text
     except ConfigError:
         raise
@@ -325,8 +296,7 @@ def _validate(settings: Settings, origin: Mapping[str, str] | None = None) -> No
     def named(name: str) -> str:
         return (origin or {}).get(name) or _label(name)
 
-    for name in ("upstream_url", "anthropic_upstream_url", "gemini_upstream_url", "judge_url", "webhook_url",
-                 "public_url"):
+    for name in (name for name, declared in FIELDS.items() if declared.metadata["url"]):
         url = getattr(settings, name)
         if url is None:
             continue
