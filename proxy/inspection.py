@@ -21,6 +21,7 @@ import orjson
 from proxy.agents import agent_name, session_title
 from proxy.config import Settings
 from proxy.conversation import USER, Chain, Conversation, Message, RequestError
+from proxy.detect.actions import Action
 from proxy.detect.engine import (
     RECOVERY_TURNS,
     Decision,
@@ -161,7 +162,7 @@ class Context:
 class EpisodeSink(Protocol):
     """Where episodes go: the log, alerts, telemetry and metrics."""
 
-    def episode(self, context: Context, episode: Episode, action: str, request_id: str | None,
+    def episode(self, context: Context, episode: Episode, action: Action, request_id: str | None,
                 tokens_saved: int, served_by: str | None = None) -> None: ...
 
     def recovery(self, context: Context, episode: Episode) -> None: ...
@@ -352,7 +353,7 @@ class Inspector:
         stop = decision.stop
         if stop is not None:
             # A stop saves at least the request it refused (or, observed, would have refused).
-            self.sink.episode(context, stop, "stopped", None, len(flow.raw) // 4)
+            self.sink.episode(context, stop, Action.STOPPED, None, len(flow.raw) // 4)
             if not flow.observe:
                 return self._stop(flow, stop, state.key)
         inserted = self._render(flow, decision.warnings, stop)
@@ -539,7 +540,7 @@ class TapOrders:
 
     max_completion: int
     warned: Episode | None  # the latest warning this request carries: did the model move on from it?
-    deliver: list[tuple[Episode, str]]  # what the request logs once it reaches the model
+    deliver: list[tuple[Episode, Action]]  # what the request logs once it reaches the model
     keep: Callable[[Message, str | None], None] | None  # the whole answer, for a conversation the service keeps
     cut_notice: bool
     observe: bool  # find and log a chant, but let the stream run on
@@ -647,11 +648,11 @@ class Tap:
         assembler = self._assembler
         saved = self._saved()
         if episode.is_stop and not assembler.stop_is_cut:
-            self._sink.episode(self.context, episode, "stopped", self.request_id, saved)
+            self._sink.episode(self.context, episode, Action.STOPPED, self.request_id, saved)
             return assembler.stop_ending(error_object(stop_text(episode, self._orders.resume_link()), "loop_detected",
                                                       "loop_detected"))
         notice = cut_notice(episode) if self._orders.cut_notice else None
-        action = "stopped" if episode.is_stop else "cut"
+        action = Action.STOPPED if episode.is_stop else Action.CUT
         # With the notice, later requests show the cut was served (and logged) here: the row is this response's.
         # A stop is one row however it was served: the next request, refused, finds the same key.
         self._sink.episode(self.context, episode, action, self.request_id, saved,

@@ -22,6 +22,7 @@ from typing import Iterator
 import orjson
 
 from proxy.conversation import ASSISTANT, TOOL, Message, from_record, model_text
+from proxy.detect.actions import Action
 from proxy.detect.engine import (
     Decision,
     DetectConfig,
@@ -53,7 +54,7 @@ class Replayed:
 
     @property
     def stopped_at(self) -> int | None:
-        return next((e["turn"] for e in self.episodes if e["action"] == "stopped"), None)
+        return next((e["turn"] for e in self.episodes if e["action"] == Action.STOPPED), None)
 
 
 def _record(value: object, source: str) -> Record:
@@ -105,8 +106,8 @@ def read_records(paths: list[str]) -> tuple[list[Record], list[dict]]:
     return records, errors
 
 
-def _entry(episode: Episode, action: str) -> dict:
-    return {"turn": episode.turn, "type": episode.type, "action": action, "episode": episode.number,
+def _entry(episode: Episode, action: Action) -> dict:
+    return {"turn": episode.turn, "type": episode.type, "action": action.value, "episode": episode.number,
             "episode_limit": episode.limit, "detail": episode.detail}
 
 
@@ -122,7 +123,7 @@ def replay(config: DetectConfig, record: Record) -> Replayed:
     cache = None
     fingerprints = fingerprints_of(messages)  # once: every request is a prefix of the record
 
-    def log(task: str, episode: Episode, action: str | None) -> None:
+    def log(task: str, episode: Episode, action: Action | None) -> None:
         key = (task, episode.message_index, episode.step)
         if key in logged or action is None or episode.number > episode.limit + 1:  # nothing after the stop
             return

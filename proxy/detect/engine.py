@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from proxy.detect.actions import Action
 from proxy.detect.content import Chant, ContentTracker
 from proxy.detect.judge_policy import JudgeCheck
 from proxy.detect.normalize import canonical_arguments, digest, excerpt, is_error_form, is_unchanged_read, mask
@@ -796,12 +797,12 @@ class Decision:
         self.stop: Episode | None = next((e for e in episodes if e.is_stop), None) if episodes else None
         self.warnings: list[Episode] = [e for e in episodes if not e.is_stop] if episodes else []
 
-    def logged(self) -> list[tuple[Episode, str]]:
+    def logged(self) -> list[tuple[Episode, Action]]:
         """What a request with this decision logs (the proxy, live or observing, and replay alike): its stop;
         else each warning it carries, when it reaches the model, except a chant the proxy cut (logged then)."""
         if self.stop is not None:
-            return [(self.stop, "stopped")]
-        return [(warning, "warned") for warning in self.warnings if not warning.was_cut]
+            return [(self.stop, Action.STOPPED)]
+        return [(warning, Action.WARNED) for warning in self.warnings if not warning.was_cut]
 
 
 RECOVERY_TURNS = 5  # turns after a warning, with no further episode, that count as the model having moved on
@@ -842,12 +843,12 @@ def after_warning(messages: Sequence[Message], warning: Episode) -> tuple[int, b
     return taken, returned
 
 
-def answer_action(episode: Episode) -> str | None:
+def answer_action(episode: Episode) -> Action | None:
     """How an episode completed by a streamed answer is logged ("stopped" or "cut"); None past a task's
     would-be stop (observe mode, replay), after which a task logs nothing more."""
     if episode.number > episode.limit + 1:
         return None
-    return "stopped" if episode.is_stop else "cut"
+    return Action.STOPPED if episode.is_stop else Action.CUT
 
 
 class ResponseWatcher:

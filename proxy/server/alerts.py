@@ -13,6 +13,7 @@ import aiohttp
 import orjson
 
 from proxy.detect import texts
+from proxy.detect.actions import Action
 
 log = logging.getLogger("loopwarden.alerts")
 
@@ -51,7 +52,7 @@ def alert_payload(record: dict, public_url: str | None, resume_url: str | None =
 class Alerts:
     def __init__(self, url: str, events: str, public_url: str | None, metrics=None) -> None:
         self.url = url
-        self.actions = frozenset({"stopped", "warned", "cut"} if events == "all" else {"stopped"})
+        self.actions = frozenset(Action) if events == "all" else frozenset({Action.STOPPED})
         self.public_url = public_url
         self.metrics = metrics
         self._queue: asyncio.Queue[dict] = asyncio.Queue(QUEUE_SIZE)
@@ -70,7 +71,7 @@ class Alerts:
             return
         try:
             resume = self.resume_url(record["tenant"], record["session_id"], record["task"]) \
-                if record["action"] == "stopped" and record["enforced"] else None
+                if record["action"] == Action.STOPPED and record["enforced"] else None
             self._queue.put_nowait(alert_payload(record, self.public_url, resume))
         except asyncio.QueueFull:
             log.warning("webhook queue full: an alert for session %s was dropped", record["session_id"])

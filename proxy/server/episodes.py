@@ -9,6 +9,7 @@ import logging
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
+from proxy.detect.actions import Action
 from proxy.detect.engine import Episode
 from proxy.detect.normalize import digest
 from proxy.inspection import Context
@@ -31,7 +32,7 @@ class EpisodeRecord:
     task: str
     model: str | None
     type: str
-    action: str  # warned, stopped or cut
+    action: Action
     episode: int
     episode_limit: int
     turn: int
@@ -81,7 +82,7 @@ class EpisodeLog:
         for record in records:
             self.alerts.episode(record)
 
-    def episode(self, context: Context, episode: Episode, action: str, request_id: str | None,
+    def episode(self, context: Context, episode: Episode, action: Action, request_id: str | None,
                 tokens_saved: int, served_by: str | None = None) -> None:
         key = episode_key(context, episode, served_by)
         if key in self._logged:

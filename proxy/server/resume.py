@@ -15,6 +15,7 @@ import secrets
 from aiohttp import web
 from sqlalchemy import select
 
+from proxy.detect.actions import Action
 from proxy.server.guard import Guard
 from proxy.store.models import Detection
 from proxy.store.queries import shown
@@ -48,7 +49,7 @@ def routes(guard: Guard) -> list[web.RouteDef]:
         async with store.engine.connect() as connection:
             row = (await connection.execute(
                 select(Detection).where(Detection.tenant == link["tenant"], Detection.session_id == link["session_id"],
-                                        Detection.task == link["task"], Detection.action == "stopped")
+                                        Detection.task == link["task"], Detection.action == Action.STOPPED)
                 .order_by(Detection.id.desc()).limit(1))).first()
         return shown(row) if row is not None else ""
 

@@ -12,13 +12,14 @@ from typing import Any
 from sqlalchemy import and_, func, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from proxy.detect.actions import Action
 from proxy.detect.engine import TYPES, Episode
 from proxy.detect.texts import cut_notice, stop_text, warning_text
 from proxy.store import clean, rollup
 from proxy.store.models import (CountBucket, Detection, JudgeCheckRow, OutcomeBucket, ResumeLink, SessionCount,
                                 SessionRow, TaskOutcome)
 
-ACTIONS = ("warned", "stopped", "cut")
+ACTIONS = tuple(action.value for action in Action)  # plain strings: keys of JSON objects
 _RELATIVE = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 MAX_LIMIT = 1000
@@ -346,9 +347,9 @@ def shown(row: Any) -> str:
     cut's notice (rebuilt from the logged detail by the same functions that wrote them)."""
     episode = Episode(row.episode, row.episode_limit, row.type, row.detail or {}, 0, 0, row.turn)
     try:
-        if row.action == "stopped":
+        if row.action == Action.STOPPED:
             return stop_text(episode)
-        if row.action == "cut":
+        if row.action == Action.CUT:
             return cut_notice(episode).strip()
         return warning_text(episode)
     except (KeyError, TypeError):  # a detail logged by an older version

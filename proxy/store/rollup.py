@@ -34,6 +34,7 @@ from sqlalchemy import (BigInteger, Integer, and_, bindparam, case, cast, delete
                         select, text, true, union_all, update)
 from sqlalchemy.dialects.postgresql import ARRAY
 
+from proxy.detect.actions import Action
 from proxy.store.database import dialect_insert
 from proxy.store.models import CountBucket, Detection, OutcomeBucket, SessionCount, TaskOutcome
 
@@ -44,7 +45,7 @@ BUCKET_SECONDS = 300  # outcome_buckets' span, and the one whose sum is checked 
 HOUR = 3600
 SPANS = (MINUTE, BUCKET_SECONDS, HOUR)
 EPOCH = datetime(1970, 1, 1)
-WARNED = ("warned", "cut")  # what a task's warnings are, for its outcome
+WARNED = (Action.WARNED, Action.CUT)  # what a task's warnings are, for its outcome
 
 # What the writer reads back of each detection it inserted (a duplicate episode inserts nothing).
 COUNTED = (Detection.created_at, Detection.tenant, Detection.session_id, Detection.task, Detection.model,
@@ -105,7 +106,7 @@ class TaskState:
             self.last_warned = _higher(self.last_warned, row.episode)
             if row.recovered:
                 self.last_moved_on = _higher(self.last_moved_on, row.episode)
-        elif row.action == "stopped":
+        elif row.action == Action.STOPPED:
             self.stopped = True
 
     def moved_on(self, episode: int) -> None:
@@ -403,7 +404,7 @@ def recount(dialect: str) -> list:
         select(Detection.tenant, Detection.session_id, Detection.task, Detection.enforced,
                func.max(Detection.created_at), func.max(case((warned, Detection.episode))),
                func.max(case((and_(warned, Detection.recovered.is_(True)), Detection.episode))),
-               func.max(case((Detection.action == "stopped", 1), else_=0)) == 1)
+               func.max(case((Detection.action == Action.STOPPED, 1), else_=0)) == 1)
         .group_by(Detection.tenant, Detection.session_id, Detection.task, Detection.enforced)))
     statements.append(dialect_insert(dialect, SessionCount).from_select(
         ["tenant", "session_id", "detections", "last_enforced_at"],
