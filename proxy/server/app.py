@@ -21,6 +21,7 @@ from proxy.server import admin, resume
 from proxy.server import guard as guard_module
 from proxy.server.http1 import UpstreamClient, UpstreamResponse
 from proxy.server.metrics import Metrics
+from proxy.server.routing import route_the_rest, unrouted
 from proxy.server.telemetry import Telemetry
 from proxy.inspection import Forward, Incoming, Stop, Tap, body_slot
 from proxy.server.upstream import (
@@ -55,7 +56,6 @@ CLIENT_IDLE_TIMEOUT = 75.0
 # The codes of the errors raised as HTTP exceptions (a 400 is raised only for a body that cannot be read).
 _ERROR_CODES = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
                 415: "unsupported_encoding"}
-_UNROUTED = "/{tail}"
 
 
 def served(metrics: Metrics, route: str, handler):
@@ -92,29 +92,6 @@ def served(metrics: Metrics, route: str, handler):
 def _route_label(path: str) -> str:
     """A route as metrics name it: its path as aiohttp spells it canonically (`/v1/{tail}`)."""
     return re.sub(r"\{(\w+)(:[^{}]*)?\}", r"{\1}", path)
-
-
-class _Unrouted(web.DynamicResource):
-    """`/{tail}`: every request no route takes, whatever its target, so that it too is answered by `served`
-    (the OpenAI shape) and not by aiohttp's text: `OPTIONS *` and `CONNECT host:443` have no leading slash,
-    which a route's pattern needs."""
-
-    def __init__(self) -> None:
-        super().__init__(_UNROUTED)
-
-    def _match(self, path: str) -> dict[str, str]:
-        return {"tail": path}
-
-
-async def unrouted(request: web.Request) -> web.StreamResponse:
-    """A path no route serves: 404; or 405 when one serves the path with other methods."""
-    allowed: set[str] = set()
-    for resource in request.app.router.resources():
-        if not isinstance(resource, _Unrouted):
-            allowed |= (await resource.resolve(request))[1]
-    if allowed:
-        raise web.HTTPMethodNotAllowed(request.method, allowed)
-    raise web.HTTPNotFound()
 
 
 def _check_length(request: web.Request, limit: int) -> None:
@@ -607,23 +584,5 @@ def create_app(settings: Settings) -> web.Application:
                                           for models in GEMINI_MODELS),
                                         web.route("*", "/v1beta/{tail:.*}", gemini_passthrough),
                                         web.route("*", "/v1/{tail:.*}", passthrough)])
-    fallback = _Unrouted()  # last: asked only when no route above takes the request
-    fallback.add_route("*", served(metrics, "unmatched", unrouted), expect_handler=expect_continue)
-    app.router.register_resource(fallback)
-    _route_pathless(app.router, fallback)
+    route_the_rest(app.router, served(metrics, "unmatched", unrouted), expect_continue)
     return app
-
-
-def _route_pathless(router: web.UrlDispatcher, fallback: _Unrouted) -> None:
-    """aiohttp's router shows a request whose target has no path (`CONNECT host:443`) to no resource at all,
-    and answers it 404 in text: such a request goes to the fallback. Every other request is routed as aiohttp
-    routes it, for the cost of one check."""
-    resolve = router.resolve
-
-    async def to_fallback(request: web.Request):
-        return (await fallback.resolve(request))[0]
-
-    def routed(request: web.Request):
-        return resolve(request) if request.rel_url.path_safe else to_fallback(request)
-
-    router.resolve = routed
