@@ -119,14 +119,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("loopwarden", "aiohttp.access"):
         logging.getLogger(name).setLevel(level)
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    if args.command == "serve":
+        # A stop asked for while starting (importing, migrating, building the app) is held until the start can
+        # end quietly, then ends the process with exit 0: raised anywhere earlier, it could land in a
+        # migration step (rolled back with a traceback) or in an import's cleanup (swallowed there, and the
+        # process would go on to serve). Once serving, aiohttp's own handler shuts the server down gracefully.
+        signal.signal(signal.SIGTERM, _stop_before_serving)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     from proxy import commands
     from proxy.store.database import DatabaseUnavailable, run_migrations
 
     try:
         if args.command == "serve":
-            # A stop asked for while starting (migrating, building the app) ends the process quietly; once
-            # serving, aiohttp's own handler shuts the server down gracefully.
-            signal.signal(signal.SIGTERM, _stop_before_serving)
             return _serve(settings, migrate=not args.no_migrate)
         if args.command == "migrate":
             run_migrations(settings.database_url)
@@ -210,13 +214,7 @@ def _serve(settings: Settings, *, migrate: bool) -> int:
     if migrate:
         from proxy.store.database import run_migrations
 
-        # A stop asked for mid-migration waits for it to finish: cut inside a step, the schema change
-        # would be rolled back with a traceback. The stop is delivered as soon as the mask is lifted.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        try:
-            run_migrations(settings.database_url)
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        run_migrations(settings.database_url)
     app = create_app(settings)
     app.on_startup.append(_settle_heap)
     from proxy.store.database import describe
@@ -234,6 +232,7 @@ def _serve(settings: Settings, *, migrate: bool) -> int:
                  f", forward proxy: {proxies}" if proxies else "", describe(settings.database_url),
                  loop_name(settings.event_loop), compiled.describe())
 
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a stop held since the start is taken here
     try:
         web.run_app(app, host=settings.host, port=settings.port, shutdown_timeout=settings.shutdown_grace,
                     loop=new_event_loop(settings.event_loop),
