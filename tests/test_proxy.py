@@ -232,6 +232,7 @@ async def test_a_body_that_stops_arriving_is_answered_408(upstream, proxy_factor
         error = orjson.loads(await reader.readexactly(length))["error"]
         assert (error["type"], error["code"]) == ("invalid_request_error", "request_timeout")
         writer.close()
+        await writer.wait_closed()
     assert not any(r.path == "/v1/chat/completions" for r in upstream.requests)
     for _ in range(50):
         if await event_loop_tasks(running) <= before:
@@ -425,6 +426,7 @@ async def test_a_target_that_is_no_path_is_openai_shaped_404(proxy):
             assert (error["type"], error["code"]) == ("invalid_request_error", "not_found"), target
         finally:
             writer.close()
+            await writer.wait_closed()
 
 
 async def test_a_method_a_path_does_not_take_is_openai_shaped_405(proxy):

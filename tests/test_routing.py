@@ -8,7 +8,6 @@ import asyncio
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from proxy.server.routing import Unrouted, route_the_rest, unrouted
 
@@ -29,14 +28,17 @@ async def server():
     app = web.Application()
     app.router.add_get("/v1/models", models)
     route_the_rest(app.router, answered)
-    running = TestServer(app, host="127.0.0.1")
-    await running.start_server()
-    yield running
-    await running.close()
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    await runner.cleanup()
 
 
 async def raw(server, target: str) -> tuple[bytes, bytes]:
-    reader, writer = await asyncio.open_connection(server.host, server.port)
+    host, port = server.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
     try:
         writer.write(f"{target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
@@ -47,7 +49,7 @@ async def raw(server, target: str) -> tuple[bytes, bytes]:
 
 
 async def test_a_path_no_route_takes_is_answered_by_the_application(server):
-    async with aiohttp.ClientSession(str(server.make_url(""))) as client:
+    async with aiohttp.ClientSession(server) as client:
         async with client.get("/v1/nope") as response:
             assert (response.status, await response.json()) == (404, {"status": 404, "allow": ""})
         async with client.post("/v1/models") as response:  # the path is served, with other methods
