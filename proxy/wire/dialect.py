@@ -143,12 +143,15 @@ class DialectDefaults:
     def chain_ids(payload: dict) -> tuple[str | None, str | None]:
         return None, None
 
+    # Where an answer names its id, its model and its usage: the OpenAI and Anthropic answers' keys.
+    summary_keys = ("id", "model", "usage")
+
     @classmethod
     def summary(cls, body: dict) -> Summary:
-        """`id`, `model` and `usage`, where the OpenAI and Anthropic answers hold them."""
-        response_id, model = body.get("id"), body.get("model")
+        id_key, model_key, usage_key = cls.summary_keys
+        response_id, model = body.get(id_key), body.get(model_key)
         return Summary(response_id if isinstance(response_id, str) else None,
-                       model if isinstance(model, str) else None, *cls.tokens(body.get("usage")))
+                       model if isinstance(model, str) else None, *cls.tokens(body.get(usage_key)))
 
     @staticmethod
     def tokens(usage: Any) -> tuple[int | None, int | None]:

@@ -21,8 +21,7 @@ from yarl import URL
 
 from proxy.conversation import ASSISTANT, SYSTEM, TOOL, USER, Anchor, Conversation, ItemReading, Message, \
     Messages, ToolCall, arguments_text, insert_placed, resume
-from proxy.wire.dialect import Credentials, DialectDefaults, RequestError, Summary, counted, join_url, positive_int, \
-    sse
+from proxy.wire.dialect import Credentials, DialectDefaults, RequestError, counted, join_url, positive_int, sse
 
 _REPLACED = frozenset({b"authorization", b"x-goog-api-key"})  # whichever auth the client used
 # The methods whose conversations are watched; the rest (`countTokens`, `embedContent`, ...) are relayed.
@@ -220,12 +219,7 @@ class GeminiDialect(DialectDefaults):
     def stream_error(message: str, type_: str, code: str | None = None) -> bytes:
         return sse({"error": {"code": 502, "message": message, "status": "UNAVAILABLE"}})
 
-    @classmethod
-    def summary(cls, body: dict) -> Summary:
-        """`responseId`, `modelVersion` and `usageMetadata`."""
-        response_id, model = body.get("responseId"), body.get("modelVersion")
-        return Summary(response_id if isinstance(response_id, str) else None,
-                       model if isinstance(model, str) else None, *cls.tokens(body.get("usageMetadata")))
+    summary_keys = ("responseId", "modelVersion", "usageMetadata")
 
     @staticmethod
     def tokens(usage: Any) -> tuple[int | None, int | None]:
