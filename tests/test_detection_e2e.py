@@ -305,14 +305,18 @@ async def test_after_a_cut_the_notice_is_the_proxys_text_and_the_cut_is_logged_o
         await agent.turn()
         (warning,) = warnings_in(upstream.chat_requests[-1])  # the cut's warning, re-created in its place
         assert warning[1].startswith("[loopwarden] Loop detected (1/2)")
+    await agent.close()
     import aiohttp
 
-    await asyncio.sleep(0.5)
     async with aiohttp.ClientSession() as http:
-        async with http.get(f"{proxy.root}/loopwarden/api/detections", params={"session": "cut-once"}) as response:
-            rows = (await response.json())["data"]
+        for _ in range(100):  # the log is written off the request path: as soon as the writer has it
+            async with http.get(f"{proxy.root}/loopwarden/api/detections",
+                                params={"session": "cut-once"}) as response:
+                rows = (await response.json())["data"]
+            if rows and rows[0]["recovered"]:
+                break
+            await asyncio.sleep(0.05)
     assert [(r["type"], r["action"], r["recovered"]) for r in rows] == [("content", "cut", True)]
-    await agent.close()
 
 
 async def test_the_notice_can_be_turned_off(upstream, proxy_factory):
