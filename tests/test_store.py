@@ -364,7 +364,7 @@ async def test_judge_checks_in_memory_are_bounded(database_url, monkeypatch):
 
 async def test_detections_past_their_retention_are_deleted_in_small_batches(database_url):
     engine = await migrated(database_url)
-    store = Store(database_url, detection_retention_days=30)
+    store = Store(database_url)  # writes the rows; it keeps all, so its own maintenance deletes none meanwhile
     await store.start()
     old = utcnow() - timedelta(days=31)
     for n in range(25):
@@ -372,10 +372,12 @@ async def test_detections_past_their_retention_are_deleted_in_small_batches(data
     for n in range(25, 30):
         store.writer.add_detection(detection(n, created_at=utcnow() - timedelta(days=29)))
     await store.writer.flush()
-    assert await store.prune_detections(batch=10) == 25  # three transactions: 10, 10, 5
+    pruner = Store(database_url, detection_retention_days=30)  # not started: this prune is the only one
+    assert await pruner.prune_detections(batch=10) == 25  # three transactions: 10, 10, 5
     async with engine.connect() as connection:
         kept = (await connection.execute(select(Detection.episode_key).order_by(Detection.id))).scalars().all()
     assert kept == [f"key-{n}" for n in range(25, 30)]
-    assert await Store(database_url).prune_detections() == 0  # unset: keep all
+    assert await store.prune_detections() == 0  # unset: keep all
+    await pruner.engine.dispose()
     await store.close()
     await engine.dispose()
