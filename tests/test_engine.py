@@ -765,3 +765,62 @@ def test_aiders_ok_after_the_run_it_records_is_not_a_model_turn():
                             assistant("Ok."), step("read_file", {"path": "b.py"}, "y = 2"))
     state, _ = fold(DetectConfig(), neutral(messages))
     assert state.turns == 2  # the two reads; Aider's `Ok.` is not a turn
+
+
+LADDER_OF_THREE = DetectConfig()
+
+
+def test_identical_calls_whose_result_comes_back_to_an_earlier_one_are_still_the_same_loop():
+    # Cursor's codebase search issued again and again, its ranking jittering between two orders.
+    first, second = "| src/start.ts | L1-19 |\n| src/delete.ts | L122-128 |", "| src/delete.ts | L122-128 |\n| src/start.ts | L1-19 |"
+    search = {"query": "session start command implementation"}
+    calls = [step("codebase_search", search, result) for result in (first, second, second, first)]
+    assert kinds(conversation(user("fix this error"), *calls[:3]), LADDER_OF_THREE) == []
+    (found,) = eps(conversation(user("fix this error"), *calls), LADDER_OF_THREE)
+    assert (found.type, found.detail["tool"]) == ("tool_call", "codebase_search")
+    # A poll whose every answer is new is still progress.
+    polls = [step("job_status", {"id": 7}, f"{10 * i}% done") for i in range(6)]
+    assert kinds(conversation(user("wait for the job"), *polls), LADDER_OF_THREE) == []
+
+
+def test_the_same_negative_answer_to_different_lookups_four_times_in_a_row_is_tool_error():
+    # The ReAct FEVER agent looking up title after title on a page where nothing matches.
+    lookups = [step("Lookup", {"keyword": k}, "No more results.") for k in ("Fantasy", "Dark", "Tower", "genre")]
+    assert kinds(conversation(user("Claim: The Dark Tower is a fantasy film."), *lookups[:3]), LADDER_OF_THREE) == []
+    (found,) = eps(conversation(user("Claim: The Dark Tower is a fantasy film."), *lookups), LADDER_OF_THREE)
+    assert (found.type, found.detail["repeats"], found.detail["error"]) == ("tool_error", 4, "No more results.")
+
+
+def test_searches_that_echo_their_query_in_the_same_failure_are_one_error():
+    # The ReAct HotPotQA agent rewording one search; each answer echoes the query and suggests other titles.
+    queries = ["famous bhavageete by Arun Date", "famous bhavageete by Arun Date in India",
+               "famous Marathi bhavageete by Arun Date", "famous Marathi songs by Arun Date"]
+    searches = [step("Search", {"entity": q}, f"Could not find [{q}]. Similar: ['Indian folk music', '{q[:6]}']")
+                for q in queries]
+    (found,) = eps(conversation(user("Question: which song?"), *searches), LADDER_OF_THREE)
+    assert found.type == "tool_error" and found.detail["error"] == "Could not find […]."
+    # Three searches that find nothing, then one that finds something, is a search at work.
+    found_it = step("Search", {"entity": "Arun Date"}, "Arun Date was a Marathi singer of bhavageete.")
+    assert kinds(conversation(user("Question: which song?"), *searches[:3], found_it), LADDER_OF_THREE) == []
+
+
+def test_one_tool_failing_alike_for_different_calls_with_other_steps_between_is_tool_error():
+    # A shell tool whose commands differ, answered by the same failure, with reads between.
+    refused = "Error: connection to server at \"db\" (172.18.0.2), port 5432 failed: Connection refused"
+    run = [step("bash", {"command": c}, refused) for c in ("python manage.py migrate",
+                                                          "python manage.py migrate --noinput",
+                                                          "DJANGO_SETTINGS_MODULE=app.settings python manage.py migrate",
+                                                          "python manage.py migrate app",
+                                                          "python3 manage.py migrate")]
+    read = step("read_file", {"path": "settings.py"}, "DATABASES = {...}")
+    history = [run[0], read, run[1], read, run[2], run[3], run[4]]
+    found = eps(conversation(user("set up the database"), *history), LADDER_OF_THREE)
+    assert [(e.number, e.type, e.turn) for e in found][:1] == [(1, "tool_error", 5)]
+    assert [c["arguments"] for c in found[0].detail["calls"]][0] == '{"command":"python manage.py migrate"}'
+    # The ladder of five waits for five such calls.
+    five = eps(conversation(user("set up the database"), *history), DEFAULT)
+    assert [(e.type, e.turn) for e in five] == [("tool_error", 7)]
+    # Different failures of one tool are debugging, not a loop.
+    moving = [step("bash", {"command": f"pytest -k t{i}"}, f"Error: test t{i} failed: assert {i} == 0")
+              for i in range(5)]
+    assert kinds(conversation(user("fix the tests"), *moving), LADDER_OF_THREE) == []

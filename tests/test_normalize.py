@@ -57,3 +57,28 @@ def test_meaning_is_kept(meaningful):
 ])
 def test_a_json_result_with_a_non_zero_exit_is_an_error(result, failed):
     assert normalize.is_error_form(result) is failed
+
+
+@pytest.mark.parametrize("result, failed", [
+    ("No more results.", True),  # the ReAct FEVER agent's Lookup that finds nothing
+    ("Could not find [American folklore 1964]. Similar: ['Folklore of the United States', 'Jersey Devil']", True),
+    ("No results found", True),  # Cursor's codebase search
+    ("No matching files found.", True),
+    ("Element with index 1260 not found", True),  # a browser agent's click on an element that is gone
+    ("Nothing happens.", True),
+    ("The file /etc/app.conf does not exist.", True),
+    # The same words inside an answer that says something else, or after it, are not its form.
+    ("Found 3 results: a.py, b.py, c.py. No more results.", False),
+    ("Results for `parse`:\nsrc/parse.py:1 def parse(): ...\nnot found in tests/", False),
+    ("No results found for `x`.\n" + "src/other.py:1 a near match\n" * 40, False),  # a long answer with results
+])
+def test_a_short_answer_that_only_says_nothing_was_found_is_an_error(result, failed):
+    assert normalize.is_error_form(result) is failed
+
+
+def test_an_answer_is_read_without_what_the_call_asked_for():
+    echoed = normalize.without_echo(mask("Could not find [arun date songs]. Similar: ['Indian folk music']"),
+                                    '{"query":"arun date songs"}')
+    assert echoed == "Could not find [\x01]. Similar: ['Indian folk music']"
+    assert normalize.without_echo("Error: a", '{"path":"a"}') == "Error: a"  # too short to be an echo
+    assert normalize.without_echo("no such file: src", "src") == "no such file: \x01"  # text arguments as they are

@@ -18,7 +18,8 @@ from typing import Sequence
 from proxy.detect.actions import Action
 from proxy.detect.content import Chant, ContentTracker
 from proxy.detect.judge_policy import JudgeCheck
-from proxy.detect.normalize import canonical_arguments, digest, excerpt, is_error_form, is_unchanged_read, mask
+from proxy.detect.normalize import (canonical_arguments, digest, excerpt, first_sentence, is_error_form,
+                                   is_negative_answer, is_unchanged_read, mask, without_echo)
 from proxy.detect.text_steps import (
     TextAction,
     inline_observation,
@@ -227,13 +228,18 @@ def _call(name: str, arguments: str, outcome: tuple[str, bool] | None) -> Call:
     if outcome is None or is_unchanged_read(outcome[0]):  # unknown, or the same as the read before
         return Call(name, arguments)
     text, marked = outcome
-    error = error_text(mask(text)) if marked or is_error_form(text) else None
+    error = None
+    if marked or is_error_form(text):
+        error = error_text(without_echo(mask(text), arguments))
     return Call(name, arguments, text, error)
 
 
 def error_text(masked: str) -> str:
     """What identifies an error: its start and its end (a traceback's exception and a test run's summary
-    come last; two different failures often share a long start)."""
+    come last; two different failures often share a long start); of a short negative answer, its first
+    sentence (`Could not find [x].`: the suggestions after it change with each search)."""
+    if is_negative_answer(masked):
+        return first_sentence(masked)
     return masked if len(masked) <= 500 else f"{masked[:250]} … {masked[-250:]}"
 
 
@@ -382,8 +388,9 @@ def _tool_detail(found: ToolFinding) -> dict:
 
 
 def _readable(masked: str) -> str:
-    """A masked text as people read it: each masked run (a time, an id, a path) shown as an ellipsis."""
-    return masked.replace("\x00", "…")
+    """A masked text as people read it: each masked run (a time, an id, a path, the call's own argument echoed)
+    shown as an ellipsis."""
+    return masked.replace("\x00", "…").replace("\x01", "…")
 
 
 REASONING = "reasoning"  # the channel of a model's reasoning (the answer is the other)

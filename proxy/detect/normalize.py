@@ -95,6 +95,74 @@ _TOOL_FAILURE = re.compile(
 _TOOL_HINTS = ("fail", "rror", "err!", "timed out")
 
 
+# A short answer that is nothing but a negative result: nothing found, nothing done (`No more results.`, `Could not
+# find [x]. Similar: [...]`, `No files found`, `Element with index 12 not found`). The whole answer is its form, so
+# it is read only on answers this short: the same words inside a longer answer say nothing of it.
+_NEGATIVE_ANSWER = 500
+_NEGATIVE_HEAD = re.compile(
+    r"\W{0,3}(?:no\x20(?:more\x20)?(?:results?|match(?:es)?)\b|no\x20\w+(?:\x20\w+)?\x20found\b"
+    r"|nothing\x20(?:found|happens|happened|to\x20\w+)\b"
+    r"|(?:could\x20not|couldn't|cannot|can't|unable\x20to)\x20(?:find|locate|resolve)\b"
+    r"|not\x20found\b|there\x20(?:is|are)\x20no\x20)",
+    re.IGNORECASE,
+)
+_NEGATIVE_END = re.compile(r"(?:not\x20found|does\x20not\x20exist|doesn't\x20exist)\W{0,3}$", re.IGNORECASE)
+
+
+def is_negative_answer(text: str) -> bool:
+    """A short answer that only says nothing was found or nothing happened: an error by its form."""
+    if len(text) > 4 * _NEGATIVE_ANSWER:  # not stripped whole: it may be a long answer
+        return False
+    text = text.strip()
+    return len(text) <= _NEGATIVE_ANSWER and bool(_NEGATIVE_HEAD.match(text) or _NEGATIVE_END.search(text))
+
+
+def argument_values(arguments: str) -> list[str]:
+    """The texts a call's canonical arguments hold (its strings, or the whole of arguments that are not JSON),
+    longest first: an answer that echoes them is read without them."""
+    if arguments[:1] not in ("{", "["):
+        return [arguments]
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return [arguments]
+    found: list[str] = []
+    stack = [value]
+    while stack and len(found) < _ECHOED_VALUES:
+        item = stack.pop()
+        if isinstance(item, str):
+            found.append(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return sorted(found, key=len, reverse=True)
+
+
+_ECHOED_VALUES = 16
+# An argument shorter than this is not looked for: `a` or `1` echoed says nothing.
+_ECHO_MIN = 3
+
+
+def without_echo(masked: str, arguments: str) -> str:
+    """A masked answer with what the call asked for taken out (`Could not find [arun date songs]` is `Could not
+    find [\x01]`): the same failure answering different arguments reads the same."""
+    for value in argument_values(arguments):
+        value = mask(value)
+        if len(value) >= _ECHO_MIN and value in masked:
+            masked = masked.replace(value, "\x01")
+    return masked
+
+
+_SENTENCE_END = re.compile(r"[.!?](?:\s|$)")
+
+
+def first_sentence(text: str) -> str:
+    """A text up to the end of its first sentence."""
+    end = _SENTENCE_END.search(text)
+    return text if end is None else text[:end.end()].rstrip()
+
+
 def _hex_id(match: re.Match) -> str:
     run = match.group()
     return run if run.isdigit() or run.isalpha() else "\x00"  # an id mixes digits and letters
@@ -168,7 +236,7 @@ _HELP_SECTIONS = ("\noptions:", "\noptional arguments:", "\npositional arguments
 def is_error_form(text: str) -> bool:
     """A tool result that reports a failure by its form: a leading `Error:`, a traceback, a non-zero exit
     code, a JSON answer that says it failed, a usage message, a shell or validation error, a tool's failure
-    report (SPEC §5)."""
+    report (SPEC §5), a short answer that only says nothing was found."""
     head = text[:_ERROR_HEAD].lstrip()
     if head[:1] in ("{", "["):
         try:
@@ -194,6 +262,8 @@ def is_error_form(text: str) -> bool:
     if any(form in lowered for form in _VALIDATION):
         return True
     if _tool_failure(head, lowered):
+        return True
+    if len(text) <= _NEGATIVE_ANSWER and is_negative_answer(text):
         return True
     if len(text) <= _ERROR_HEAD:
         return False

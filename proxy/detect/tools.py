@@ -6,12 +6,15 @@ import functools
 import re
 from dataclasses import dataclass
 
-from proxy.detect.normalize import digest, mask
+from proxy.detect.normalize import digest, is_negative_answer, mask
 
 MAX_CYCLE = 8
 # Cycles longer than this need one round fewer: 4 rounds of a 6-call cycle are 24 calls of the same thing.
 LONG_CYCLE = 6
 ERROR_REPEATS = 3
+# A short answer that only says nothing was found is weaker evidence than an error: searching again with new terms
+# and finding nothing is the search at work, so different calls it answers need one more of them.
+NEGATIVE_EXTRA = 1
 # Past this many times the threshold, identical calls in a row, or rounds of the same calls in the same order,
 # are a loop whatever their results (an edit is one at the threshold: applying it again changes the file
 # every time, and is never progress).
@@ -65,9 +68,11 @@ class Call:
     @property
     def says_something(self) -> bool:
         """An error that names a cause in words of its own: more than an exit code and empty output (`grep`
-        finding nothing) or a one-word nudge (`continue`). A usage message names what the call got wrong."""
+        finding nothing) or a one-word nudge (`continue`). A usage message names what the call got wrong, and a
+        short negative answer (`No more results.`) what it found."""
         return self.error is not None and (self.error[:6].lower() == "usage:"
-                                           or sum(c.isalpha() for c in _FRAME.sub("", self.error)) >= 16)
+                                           or sum(c.isalpha() for c in _FRAME.sub("", self.error)) >= 16
+                                           or is_negative_answer(self.error))
 
     @property
     def result(self) -> bytes | None:
@@ -95,6 +100,11 @@ def _same(a: Call, b: Call) -> bool:
     return a.key == b.key and (a.result is None or b.result is None or a.result == b.result)
 
 
+def _different_calls_needed(call: Call, error_repeats: int) -> int:
+    """How many different calls one error must answer to be a loop."""
+    return error_repeats + NEGATIVE_EXTRA if is_negative_answer(call.error or "") else error_repeats
+
+
 def cycle_rounds(period: int, threshold: int) -> int:
     """How many rounds of a cycle of `period` calls make a loop."""
     return threshold if period < LONG_CYCLE else max(2, threshold - 1)
@@ -107,18 +117,39 @@ def _matches_needed(threshold: int) -> tuple[int, ...]:
     return (0,) + tuple(k * (cycle_rounds(k, threshold) - 1) for k in range(1, MAX_CYCLE + 1))
 
 
+class _ToolError:
+    """The calls of one tool one error answered in a task: how many, their different arguments, the last few."""
+
+    __slots__ = ("count", "arguments", "calls")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.arguments: set[str] = set()
+        self.calls: list[Call] = []
+
+    def copy(self) -> "_ToolError":
+        other = _ToolError()
+        other.count, other.arguments, other.calls = self.count, set(self.arguments), self.calls[:]
+        return other
+
+
 class ToolTracker:
     """Streaks for every period 1..MAX_CYCLE, error counts and the run of one error answering consecutive
     calls, for one task. Constant memory but the error table."""
 
-    __slots__ = ("_recent", "_runs", "_blind_runs", "_errors", "_error_run", "_error_calls")
+    __slots__ = ("_recent", "_runs", "_blind_runs", "_answers", "_errors", "_tool_errors", "_error_run",
+                 "_error_calls")
 
     def __init__(self) -> None:
         self._recent: list[Call | None] = []  # last MAX_CYCLE calls; None is a call never counted
         self._runs = [0] * (MAX_CYCLE + 1)  # _runs[k]: consecutive calls equal to the call k before
         # _blind_runs[k]: consecutive calls with the name and arguments of the call k before, results aside
         self._blind_runs = [0] * (MAX_CYCLE + 1)
+        # The results the identical calls in a row got so far: a result that comes back to one of them is no news
+        # (a search whose ranking jitters, a status that flips back), so it does not start the streak again.
+        self._answers: set[bytes] = set()
         self._errors: dict[tuple[str, str], int] = {}
+        self._tool_errors: dict[tuple[str, str], _ToolError] = {}  # (tool, error) -> the calls it answered
         self._error_run = 0  # consecutive calls answered by one and the same error
         self._error_calls: list[Call] = []  # the last of them, for the evidence
 
@@ -127,7 +158,9 @@ class ToolTracker:
         other._recent = self._recent[:]
         other._runs = self._runs[:]
         other._blind_runs = self._blind_runs[:]
+        other._answers = set(self._answers)
         other._errors = dict(self._errors)
+        other._tool_errors = {key: seen.copy() for key, seen in self._tool_errors.items()}
         other._error_run = self._error_run
         other._error_calls = self._error_calls[:]
         return other
@@ -137,6 +170,7 @@ class ToolTracker:
         self._recent = (self._recent + [None])[-MAX_CYCLE:]
         self._runs = [0] * (MAX_CYCLE + 1)
         self._blind_runs = [0] * (MAX_CYCLE + 1)
+        self._answers = set()
         self._error_run = 0
         self._error_calls = []
 
@@ -146,11 +180,13 @@ class ToolTracker:
         recent = self._recent
         runs = self._runs
         blind = self._blind_runs
+        streak = runs[1]
         for k in range(1, MAX_CYCLE + 1):
             before = recent[-k] if len(recent) >= k else None
             same_key = before is not None and before.key == call.key
             blind[k] = blind[k] + 1 if same_key else 0
             runs[k] = runs[k] + 1 if same_key and _same(call, before) else 0
+        self._repeated_answer(call, recent[-1] if recent else None, streak)
         self._recent = (recent + [call])[-MAX_CYCLE:]
 
         found: list[ToolFinding] = []
@@ -177,11 +213,44 @@ class ToolTracker:
             self._errors[(call.key, call.error)] = count
             if count >= error_repeats:
                 found.append(ToolFinding("tool_error", (call,), count))
+            else:
+                found.extend(self._tool_error(call, max(error_repeats, threshold)))
         found.extend(self._same_error(call, error_repeats))
         for finding in found:  # the evidence outlives the fold
             for counted in finding.calls:
                 counted._settle()
         return found
+
+    def _repeated_answer(self, call: Call, before: Call | None, streak: int) -> None:
+        """Identical calls in a row (`before` the call just before, `streak` its run of calls without news): a call
+        whose result came back to one an earlier call of the run got continues the streak."""
+        if not self._blind_runs[1]:
+            self._answers = set()
+            return
+        if not self._answers and before is not None and before.result is not None:
+            self._answers.add(before.result)
+        result = call.result
+        if result is None:
+            return
+        if not self._runs[1] and result in self._answers:
+            self._runs[1] = streak + 1
+        self._answers.add(result)
+
+    def _tool_error(self, call: Call, error_repeats: int) -> list[ToolFinding]:
+        """The same error answering `error_repeats` calls of one tool in the task (the ladder's threshold at
+        least), not all of them the same call (that is the rule above's), other calls between them or not: a
+        shell's commands that differ failing alike, a lookup echoing each new argument in the same failure. An
+        error that says nothing but its exit code is no evidence of one cause."""
+        if not call.says_something:
+            return []
+        needed = _different_calls_needed(call, error_repeats)
+        seen = self._tool_errors.setdefault((call.name, call.error), _ToolError())
+        seen.count += 1
+        seen.arguments.add(call.arguments)
+        seen.calls = (seen.calls + [call])[-needed:]
+        if seen.count < needed or len(seen.arguments) < 2:
+            return []
+        return [ToolFinding("tool_error", tuple(seen.calls), seen.count)]
 
     def _same_error(self, call: Call, error_repeats: int) -> list[ToolFinding]:
         """The same error answering `error_repeats` consecutive calls, whatever the calls (a harness repeating
@@ -195,8 +264,9 @@ class ToolTracker:
         if calls and calls[-1].error != call.error:
             self._error_run, calls = 0, []
         self._error_run += 1
-        self._error_calls = calls = (calls + [call])[-error_repeats:]
-        if self._error_run < error_repeats or all(c.key == call.key for c in calls):
+        needed = _different_calls_needed(call, error_repeats)
+        self._error_calls = calls = (calls + [call])[-needed:]
+        if self._error_run < needed or all(c.key == call.key for c in calls):
             return []
         return [ToolFinding("tool_error", tuple(calls), self._error_run)]
 
@@ -208,4 +278,4 @@ class ToolTracker:
 
     @property
     def state_size(self) -> int:
-        return len(self._errors) + len(self._recent)
+        return len(self._errors) + len(self._tool_errors) + len(self._recent)
