@@ -46,7 +46,7 @@ from proxy.lru import LRU
 from proxy.wire.dialect import Dialect, StreamAssembler, Summary
 from proxy.wire.errors import error_object
 from proxy.wire.known import LONG_BODY, Parsed, written
-from proxy.wire.sse import SSEParser
+from proxy.wire.sse import Passing, SSEParser, WholeEvents
 
 # Read in this order; the README lists them with the agents that send them.
 SESSION_HEADERS = ("X-Loopwarden-Session", "X-Session-Id", "X-Claude-Code-Session-Id", "session_id", "session-id",
@@ -549,8 +549,10 @@ class TapOrders:
 
 
 class Tap:
-    """Reads a copy of the upstream's answer (never re-encoding it) and feeds the engine: cuts a chanting
-    stream, and logs what the answer completes. Sans-IO: bytes and parsed answers in, cut decisions out."""
+    """Relays the upstream's stream in whole events and reads a copy (never re-encoding it) for the engine: cuts
+    a chanting stream, keeps the answer the service keeps, logs what the answer completes. Sans-IO: bytes and
+    parsed answers in, the bytes to forward out. A stream relayed unread has the same three steps
+    (`WholeEvents`: pass_on, ended, broken)."""
 
     def __init__(self, dialect: Dialect, sink: EpisodeSink, context: Context, watcher: ResponseWatcher,
                  orders: TapOrders) -> None:
@@ -564,8 +566,9 @@ class Tap:
         self._keep = orders.keep  # given the whole answer once, then None
         self._warned = orders.warned
         self._parser: SSEParser | None = None
+        self._events = WholeEvents()
+        self._kept = False  # the answer the service keeps was kept with the read being passed on
         self.request_id: str | None = None
-        self.persist_pending = False  # an answer the service keeps was recorded: write it before the last byte
 
     @property
     def _assembler(self) -> StreamAssembler:
@@ -586,7 +589,27 @@ class Tap:
                 self._sink.episode(self.context, episode, action, request_id, 0)
         self._deliver = []
 
-    def feed(self, chunk: bytes) -> tuple[int, bytes] | None:
+    def pass_on(self, chunk: bytes) -> Passing:
+        """A read of the stream: its whole events go out, or, where the stream must end, what comes up to the end
+        of the event that completed the loop and the bytes that end the stream."""
+        cut = self._read(chunk)
+        kept, self._kept = self._kept, False
+        if cut is None:
+            return Passing(self._events.release(chunk), kept=kept)
+        forward, ending = cut
+        return Passing(self._events.rest() + chunk[:forward] + ending, last=True, kept=kept)
+
+    def ended(self) -> bytes:
+        """The stream ended as the upstream sent it: what is held goes out, and the whole answer is read."""
+        rest = self._events.rest()
+        self._stream_end()
+        return rest
+
+    def broken(self, error_event: bytes) -> bytes:
+        """The upstream broke off: the dialect's error event, after what ends an event that went out in part."""
+        return self._events.error_prefix() + error_event
+
+    def _read(self, chunk: bytes) -> tuple[int, bytes] | None:
         """Read a copy of upstream bytes. When the stream must end here: how much of `chunk` to forward (up to
         the end of the event that completed the loop), and the bytes that end the stream."""
         assembler = self._assembler
@@ -624,7 +647,7 @@ class Tap:
                     return (start if start >= 0 else event.end), self._ending(found)
         if self._keep is not None and assembler.finished:
             # The answer is complete: record it now, so it is written before its last event goes out.
-            self._record(assembler.message(), assembler.response_id)
+            self._keep_answer(assembler.message(), assembler.response_id)
         return None
 
     def _saved(self) -> int:
@@ -661,11 +684,11 @@ class Tap:
                                        "episode": f"{episode.number}/{episode.limit}"}, notice)
         if self._keep is not None:
             message = assembler.message()
-            self._record(Message(message.role, assembler.text + (notice or ""), message.calls),
-                         assembler.response_id)
+            self._keep_answer(Message(message.role, assembler.text + (notice or ""), message.calls),
+                              assembler.response_id)
         return ending
 
-    def stream_end(self) -> None:
+    def _stream_end(self) -> None:
         try:
             try:
                 message = self._assembler.message()
@@ -680,13 +703,16 @@ class Tap:
         assembler = self._assembler
         return Summary(assembler.response_id, assembler.model, *tokens(assembler.usage))
 
-    def complete(self, answer: object) -> None:
-        """A whole, non-streamed answer. Read only for what it can change: a chant in its reasoning, the record
-        of an answer the service keeps, and whether the model moved on from the warning it was given."""
+    def complete(self, answer: object) -> bool:
+        """A whole, non-streamed answer. Read only for what it can change: a chant in its reasoning, the answer
+        the service keeps, and whether the model moved on from the warning it was given. Whether it kept the
+        answer (to be written before the answer goes out)."""
         try:
             self._complete(answer)
         finally:
             self._watcher.release()
+        kept, self._kept = self._kept, False
+        return kept
 
     def _complete(self, answer: object) -> None:
         if not isinstance(answer, dict):
@@ -708,17 +734,17 @@ class Tap:
             self._watcher.text(message.text)
         self._finish(message, answer.get("id") if isinstance(answer.get("id"), str) else None)
 
-    def _record(self, message: Message, response_id: str | None) -> None:
-        """Record the answer the service keeps, once; it is to be written before the client's last byte."""
+    def _keep_answer(self, message: Message, response_id: str | None) -> None:
+        """Keep the answer the service keeps, once; it is written before the bytes that complete it go out."""
         keep, self._keep = self._keep, None
         keep(message, response_id)
-        self.persist_pending = True
+        self._kept = True
 
     def _finish(self, message: Message, response_id: str | None) -> None:
         """The answer is whole. Its own episode, if any, is logged when its warning or stop is served; an
         answer that completes none, given a warning, is the model moving on."""
         if self._keep is not None:
-            self._record(message, response_id)
+            self._keep_answer(message, response_id)
         if self._warned is not None and self._watcher.episode is None and self._watcher.finish(message) is None \
                 and ends_task(message):
             self._sink.recovery(self.context, self._warned)

@@ -224,8 +224,8 @@ async def _whole_answer(request: web.Request, dialect: Dialect, verdict: Forward
             return json_error(502, "upstream answered with a body that is not JSON", "upstream_error",
                               "upstream_invalid_response")
         if tap is not None and tap.keeps_answer:  # a chained request may continue from it: written first
-            tap.complete(answer)
-            await _persist(request.app[GUARD], tap)
+            if tap.complete(answer):
+                await request.app[GUARD].before_last_byte()
         elif tap is not None:  # the answer goes out first; the engine reads it on the loop's next turn
             asyncio.get_running_loop().call_soon(tap.complete, answer)
         if span is not None:
@@ -284,12 +284,6 @@ async def _relay_body(request: web.Request, upstream: UpstreamResponse, headers,
         return response
     await _write_eof(request, response)
     return response
-
-
-async def _persist(guard: guard_module.Guard, tap: Tap) -> None:
-    """What the tap recorded of an answer the service keeps is written before the answer's last byte goes out."""
-    tap.persist_pending = False
-    await guard.chain.flush()
 
 
 _ZLIB_ENCODINGS = ("gzip", "x-gzip", "deflate")
@@ -355,33 +349,26 @@ async def _write_eof(request: web.Request, response: web.StreamResponse) -> None
 
 async def _relay_stream(request: web.Request, upstream: UpstreamResponse, headers, dialect: Dialect,
                         guard: guard_module.Guard, tap: Tap | None) -> web.StreamResponse:
-    """Relay a stream as it comes; the tap (None: unread) reads a copy and may end it."""
+    """Relay a stream as it comes, in whole events; the tap (None: unread) reads a copy and may end it."""
     response = web.StreamResponse(status=200, headers=headers)
     await response.prepare(request)
     open_streams = request.app[METRICS].open_streams
     open_streams.inc()
-    events = WholeEvents()
+    relay: Tap | WholeEvents = tap if tap is not None else WholeEvents()
     try:
         async for chunk in upstream.chunks_as_they_come():
-            cut = tap.feed(chunk) if tap is not None else None
-            if tap is not None and tap.persist_pending:  # an answer the service keeps ended here: written first
-                await _persist(guard, tap)
-            if cut is None:
-                released = events.release(chunk)
-                if released:
-                    await _write(response, released)
-                continue
-            # The guard cut the stream: stop reading at once so the provider stops generating.
-            upstream.close()
-            forward, ending = cut
-            await _write(response, events.rest() + chunk[:forward] + ending)
-            break
+            passing = relay.pass_on(chunk)
+            if passing.kept:  # a chained request may follow the moment the client has these bytes
+                await guard.before_last_byte()
+            if passing.data:
+                await _write(response, passing.data)
+            if passing.last:  # the guard cut the stream: stop reading at once so the provider stops generating
+                upstream.close()
+                break
         else:
-            rest = events.rest()  # a stream whose last event has no blank line ends as the upstream sent it
+            rest = relay.ended()  # a stream whose last event has no blank line ends as the upstream sent it
             if rest:
                 await _write(response, rest)
-            if tap is not None:
-                tap.stream_end()
     except _ClientGone:
         log.debug("client left mid-stream on %s", request.path)
         upstream.close()
@@ -392,8 +379,7 @@ async def _relay_stream(request: web.Request, upstream: UpstreamResponse, header
         failure = _read_failure(exc)
         log.warning("upstream stream failed: %s", failure.message)
         try:
-            await _write(response, events.error_prefix() + dialect.stream_error(failure.message, "upstream_error",
-                                                                                failure.code))
+            await _write(response, relay.broken(dialect.stream_error(failure.message, "upstream_error", failure.code)))
         except _ClientGone:
             return response
     finally:

@@ -27,9 +27,9 @@ log = logging.getLogger("loopwarden.guard")
 
 class ResponseChain:
     """Conversations the service keeps (Responses' `previous_response_id`, `conversation`): what a request
-    continues, read from the responses any replica relayed; and, for an answer the service keeps, its record,
-    written before the client's last byte (`flush`), so a chained request reaching another replica at once
-    finds it."""
+    continues, read from the responses any replica relayed; and, for an answer the service keeps, its record
+    (`keep`), written before the bytes that complete it reach the client (`before_last_byte`), so a chained
+    request reaching another replica at once finds it."""
 
     def __init__(self, store) -> None:
         self.store = store
@@ -45,7 +45,7 @@ class ResponseChain:
     def keep(self, tenant, response_id, previous, conversation_id, session_id, messages) -> None:
         self.store.record_response(tenant, response_id, previous, conversation_id, session_id, messages)
 
-    async def flush(self) -> None:
+    async def before_last_byte(self) -> None:
         await self.store.persist()
 
 
@@ -139,6 +139,11 @@ class Guard:
         if self.alerts is not None:
             await asyncio.sleep(0)  # the alerts of the last batch written are queued on this loop's next turn
             await self.alerts.close(min(self.settings.shutdown_grace, 5.0))
+
+    async def before_last_byte(self) -> None:
+        """The hook run before the bytes that complete an answer the service keeps go out: what was kept of it
+        is written, so the request that continues it finds it on any replica."""
+        await self.chain.before_last_byte()
 
     async def ready(self) -> bool:
         return True if self.store is None else await self.store.ready()

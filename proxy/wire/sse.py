@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import NamedTuple
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
@@ -155,6 +156,17 @@ def _last_event_end(data: bytes) -> int:
     return end
 
 
+@dataclass(frozen=True, slots=True)
+class Passing:
+    """What one read of an upstream stream comes to: the bytes that go to the client now; whether the stream
+    ends with them (cut: read no more of it); whether an answer the service keeps was kept with this read, to be
+    written before these bytes go out (a chained request may follow the moment the client has them)."""
+
+    data: bytes
+    last: bool = False
+    kept: bool = False
+
+
 class WholeEvents:
     """What of a relayed stream goes to the client now: every whole event that has arrived. The rest of an
     event is held until its blank line comes (a client acts on nothing before it anyway), so a stream that
@@ -168,6 +180,18 @@ class WholeEvents:
         self._held: list[bytes] = []
         self._held_size = 0
         self._passing = False  # an oversized event is going out as it comes
+
+    def pass_on(self, chunk: bytes) -> Passing:
+        """A read of the stream, relayed unread."""
+        return Passing(self.release(chunk))
+
+    def ended(self) -> bytes:
+        """The stream ended as the upstream sent it: what is held goes out (a last event without a blank line)."""
+        return self.rest()
+
+    def broken(self, error_event: bytes) -> bytes:
+        """The upstream broke off: the dialect's error event, after what ends an event that went out in part."""
+        return self.error_prefix() + error_event
 
     def release(self, chunk: bytes) -> bytes:
         """The part of what has arrived that may go out now."""
