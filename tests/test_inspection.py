@@ -116,15 +116,16 @@ def test_the_tap_cuts_a_chanting_stream_at_the_delta_that_completed_it():
     sentence = "I will check the configuration file once more now. "
     chunks = [b'data: {"id":"c1","model":"m","choices":[{"index":0,"delta":{"content":' + orjson.dumps(sentence)
               + b'}}]}\n\n' for _ in range(12)]
-    cut = None
-    fed = 0
+    passed = []
     for chunk in chunks:
-        fed += 1
-        cut = verdict.tap.feed(chunk)
-        if cut is not None:
+        passing = verdict.tap.pass_on(chunk)
+        passed.append(passing)
+        if passing.last:
             break
-    assert fed == 10 and cut[0] == len(chunks[0])
-    assert b'"finish_reason":"stop"' in cut[1] and cut[1].endswith(b"data: [DONE]\n\n")
+    assert len(passed) == 10 and [p.data for p in passed[:9]] == chunks[:9]  # whole events go out as they come
+    last = passed[-1].data
+    assert last.startswith(chunks[9]) and b'"finish_reason":"stop"' in last[len(chunks[9]):]
+    assert last.endswith(b"data: [DONE]\n\n")
     assert sink.logged == [("content", "cut", 1)]
 
 
