@@ -15,6 +15,8 @@ ERROR_REPEATS = 3
 # A short answer that only says nothing was found is weaker evidence than an error: searching again with new terms
 # and finding nothing is the search at work, so different calls it answers need one more of them.
 NEGATIVE_EXTRA = 1
+# An error text this long or shorter is the whole (masked) answer; a longer one is its start and end.
+WHOLE_ERROR = 500
 # Past this many times the threshold, identical calls in a row, or rounds of the same calls in the same order,
 # are a loop whatever their results (an edit is one at the threshold: applying it again changes the file
 # every time, and is never progress).
@@ -149,7 +151,7 @@ class ToolTracker:
         # (a search whose ranking jitters, a status that flips back), so it does not start the streak again.
         self._answers: set[bytes] = set()
         self._errors: dict[tuple[str, str], int] = {}
-        self._tool_errors: dict[tuple[str, str], _ToolError] = {}  # (tool, error) -> the calls it answered
+        self._tool_errors: dict[tuple[str, str | None], _ToolError] = {}  # (tool, error) -> the calls it answered
         self._error_run = 0  # consecutive calls answered by one and the same error
         self._error_calls: list[Call] = []  # the last of them, for the evidence
 
@@ -240,8 +242,11 @@ class ToolTracker:
         """The same error answering `error_repeats` calls of one tool in the task (the ladder's threshold at
         least), not all of them the same call (that is the rule above's), other calls between them or not: a
         shell's commands that differ failing alike, a lookup echoing each new argument in the same failure. An
-        error that says nothing but its exit code is no evidence of one cause."""
+        error that says nothing but its exit code is no evidence of one cause, and one read by its start and end
+        only (a long answer) is not known to be the same."""
         if not call.says_something:
+            return []
+        if len(call.error or "") > WHOLE_ERROR:  # told by its start and end only: a page with an error line on it
             return []
         needed = _different_calls_needed(call, error_repeats)
         seen = self._tool_errors.setdefault((call.name, call.error), _ToolError())
