@@ -98,6 +98,26 @@ def test_a_cline_style_agent_answering_without_a_tool_again_and_again():
     assert kinds(chat("Fix the parser.", steps)) == [(1, "tool_error", False)]
 
 
+# BrowserGym's DemoAgent (WorkArena): its reasoning, then one action in an inline triple-backtick span; the
+# environment answers with the page and the last action's error.
+BROWSERGYM_CLICK = ("The previous attempt to click the checkbox timed out. I will try clicking it again to select "
+                    "the option.\n\n```click('a222')```")
+BROWSERGYM_PAGE = ("# Currently open tabs\nTab 0 (active tab)\n    Title: Developer Laptop (Mac) | ServiceNow\n\n"
+                   "# Current page Accessibility Tree\n[a222] checkbox 'Adobe Acrobat', clickable, checked='false'\n\n"
+                   "# Error message from last action\nTimeoutError: Locator.click: Timeout 500ms exceeded.")
+
+
+def test_a_browser_agents_action_in_a_code_span_is_a_step():
+    assert read_actions(BROWSERGYM_CLICK) == [TextAction("click", "'a222'")]
+    assert read_actions("In summary, the next action I will perform is ```click [1234]```") == [
+        TextAction("click", "1234")]
+    assert read_actions("I fixed it by calling ```parse(x)``` earlier, as you asked.") is None  # not its end
+    assert read_actions("Use `parse()`") is None  # a single-backtick span in prose is no action
+    steps = [(BROWSERGYM_CLICK, BROWSERGYM_PAGE)] * 3
+    assert kinds(chat("Order a Developer Laptop with Adobe Acrobat.", steps[:2])) == []
+    assert kinds(chat("Order a Developer Laptop with Adobe Acrobat.", steps)) == [(1, "tool_error", False)]
+
+
 # CrewAI's text tools (a model without function calling): the harness writes the result into the assistant's
 # own message, and answers every step with the same nudge.
 CREWAI_STEP = 'Thought: I need the job\'s state.\nAction: job_status\nAction Input: {{"id": "j1"}}\nObservation: {state}'

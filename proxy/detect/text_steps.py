@@ -41,6 +41,9 @@ _AIDER_BLOCK = re.compile(r"^(\S[^\n]*)\n(?:```[^\n]*\n)?<<<<<<< SEARCH\n(.*?)^=
                           re.MULTILINE | re.DOTALL)
 # Cline, Roo Code and Kilo Code with XML tools: the tool is a tag opening a line, its parameters tags inside it.
 # Their tools are named in snake case (`read_file`, `execute_command`), which no HTML element is.
+# A browser agent's action: one call in an inline triple-backtick span ending the message (BrowserGym's
+# ```click('a51')```, WebArena's ```click [1234]```). Read on the message's end only.
+_CALL_SPAN = re.compile(r"```([a-z_][a-z0-9_.]{0,63})(?:\((.{0,500})\)|\x20?\[(.{0,500})\])```")
 _XML_OPEN = re.compile(r"^<([a-z][a-z0-9]*_[a-z0-9_]{1,62})>", re.MULTILINE)
 _XML_TRIED = 8  # the opening tags tried for their closing one (each search reads the rest of the text)
 _NOT_TOOLS = frozenset({"thinking", "think", "environment_details", "task", "feedback", "answer", "result"})
@@ -131,6 +134,19 @@ def _fenced(text: str) -> list[TextAction] | None:
     return [TextAction(command.split(None, 1)[0], command)]
 
 
+def _call_span(text: str) -> list[TextAction] | None:
+    """A browser agent's action: the message ends with one call in an inline triple-backtick span."""
+    tail = text[-600:].rstrip()
+    if not tail.endswith("```"):
+        return None
+    start = tail.rfind("```", 0, len(tail) - 3)  # the span's opening: the one pattern tried once, on it alone
+    match = _CALL_SPAN.fullmatch(tail, start) if start >= 0 else None
+    if match is None:
+        return None
+    name, parenthesized, bracketed = match.groups()
+    return [TextAction(name, (parenthesized if parenthesized is not None else bracketed).strip())]
+
+
 def _aider(text: str) -> list[TextAction] | None:
     if "<<<<<<< SEARCH" not in text:
         return None
@@ -162,7 +178,7 @@ def _dspy_answer(text: str) -> list[TextAction] | None:
     return [TextAction(name, _arguments(fields.get("next_tool_args", "")))] if name else None
 
 
-_READERS = (_smolagents, _dspy_answer, _react, _aider, _code, _xml_tool, _fenced)
+_READERS = (_smolagents, _dspy_answer, _react, _aider, _code, _xml_tool, _call_span, _fenced)
 
 
 def read_actions(text: str) -> list[TextAction] | None:
