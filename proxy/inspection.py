@@ -597,17 +597,17 @@ class Tap:
         if cut is None:
             return Passing(self._events.release(chunk), kept=kept)
         forward, ending = cut
-        return Passing(self._events.rest() + chunk[:forward] + ending, last=True, kept=kept)
+        return Passing(self._events.ended() + chunk[:forward] + ending, last=True, kept=kept)
 
     def ended(self) -> bytes:
         """The stream ended as the upstream sent it: what is held goes out, and the whole answer is read."""
-        rest = self._events.rest()
+        rest = self._events.ended()
         self._stream_end()
         return rest
 
     def broken(self, error_event: bytes) -> bytes:
         """The upstream broke off: the dialect's error event, after what ends an event that went out in part."""
-        return self._events.error_prefix() + error_event
+        return self._events.broken(error_event)
 
     def _read(self, chunk: bytes) -> tuple[int, bytes] | None:
         """Read a copy of upstream bytes. When the stream must end here: how much of `chunk` to forward (up to

@@ -189,7 +189,7 @@ def test_a_stream_broken_off_anywhere_gives_the_client_whole_events_then_the_err
         sent += gate.release(raw[start:cut])
         start = cut
     assert raw.startswith(sent) and len(sent) in whole_ends | {len(raw)}  # whole events only
-    *relayed, last = SSEParser().feed(sent + gate.error_prefix() + ERROR_EVENT)
+    *relayed, last = SSEParser().feed(sent + gate.broken(ERROR_EVENT))
     assert last.data == ERROR_EVENT[6:-2] and last.event is None  # the error stands as an event of its own
     assert [orjson.loads(e.data)["t"] for e in relayed] == payloads[:len(relayed)]
 
@@ -198,7 +198,7 @@ def test_a_stream_that_ends_without_a_blank_line_is_relayed_whole():
     gate = WholeEvents()
     assert gate.release(b"data: {}\n\nevent: x\ndata: [DO") == b"data: {}\n\n"
     assert gate.release(b"NE]\n") == b""
-    assert gate.rest() == b"event: x\ndata: [DONE]\n"
+    assert gate.ended() == b"event: x\ndata: [DONE]\n"
     assert gate.release(b"data: 1\n") == b""
     assert gate.release(b"\ndata: 2") == b"data: 1\n\n"  # the blank line came in the next read
 
@@ -209,4 +209,4 @@ def test_an_oversized_event_is_passed_on_as_it_comes():
     reads = MAX_EVENT_BYTES // 65536 + 2
     out = [gate.release(b"data: " + piece)] + [gate.release(piece) for _ in range(reads)]
     assert sum(map(len, out)) == 6 + len(piece) * (reads + 1)  # nothing held back past the cap
-    assert gate.error_prefix() == b"\n\n"  # the broken event ends, and the error is an event of its own
+    assert gate.broken(b"") == b"\n\n"  # the broken event ends, and the error is an event of its own

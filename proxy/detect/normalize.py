@@ -263,7 +263,7 @@ def is_error_form(text: str) -> bool:
         return True
     if _tool_failure(head, lowered):
         return True
-    if len(text) <= _NEGATIVE_ANSWER and is_negative_answer(text):
+    if is_negative_answer(text):
         return True
     if len(text) <= _ERROR_HEAD:
         return False

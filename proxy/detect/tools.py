@@ -51,13 +51,14 @@ class Call:
     name and arguments came before is. So the raw result is kept until the first comparison, or until the
     tracker settles its last calls at the end of a fold, and then dropped for its digest and excerpt."""
 
-    __slots__ = ("key", "name", "arguments", "error", "_raw", "_result", "_excerpt")
+    __slots__ = ("key", "name", "arguments", "error", "negative", "_raw", "_result", "_excerpt")
 
     def __init__(self, name: str, arguments: str, raw_result: str | None = None, error: str | None = None) -> None:
         self.key = f"{name}\x00{arguments}"
         self.name = name
         self.arguments = arguments  # canonical arguments
         self.error = error  # the masked error text when the result is an error
+        self.negative = error is not None and is_negative_answer(error)  # it only says nothing was found
         self._raw = raw_result
         self._result: bytes | None = None
         self._excerpt = ""
@@ -74,7 +75,7 @@ class Call:
         short negative answer (`No more results.`) what it found."""
         return self.error is not None and (self.error[:6].lower() == "usage:"
                                            or sum(c.isalpha() for c in _FRAME.sub("", self.error)) >= 16
-                                           or is_negative_answer(self.error))
+                                           or self.negative)
 
     @property
     def result(self) -> bytes | None:
@@ -104,7 +105,7 @@ def _same(a: Call, b: Call) -> bool:
 
 def _different_calls_needed(call: Call, error_repeats: int) -> int:
     """How many different calls one error must answer to be a loop."""
-    return error_repeats + NEGATIVE_EXTRA if is_negative_answer(call.error or "") else error_repeats
+    return error_repeats + NEGATIVE_EXTRA if call.negative else error_repeats
 
 
 def cycle_rounds(period: int, threshold: int) -> int:

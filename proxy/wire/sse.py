@@ -185,14 +185,6 @@ class WholeEvents:
         """A read of the stream, relayed unread."""
         return Passing(self.release(chunk))
 
-    def ended(self) -> bytes:
-        """The stream ended as the upstream sent it: what is held goes out (a last event without a blank line)."""
-        return self.rest()
-
-    def broken(self, error_event: bytes) -> bytes:
-        """The upstream broke off: the dialect's error event, after what ends an event that went out in part."""
-        return self.error_prefix() + error_event
-
     def release(self, chunk: bytes) -> bytes:
         """The part of what has arrived that may go out now."""
         if not self._held and chunk.endswith(_EVENT_ENDS):  # the usual read: whole events
@@ -208,7 +200,7 @@ class WholeEvents:
             self._held_size += len(chunk)
             if self._held_size > MAX_EVENT_BYTES:  # no event this long is read either: let it through
                 self._passing = True
-                return self.rest()
+                return self.ended()
             return b""
         self._passing = False
         released = b"".join(self._held) + chunk[:end] if self._held else chunk[:end]
@@ -216,14 +208,15 @@ class WholeEvents:
         self._held_size = len(chunk) - end
         return released
 
-    def rest(self) -> bytes:
-        """What is held, released whole: the stream ended (as the upstream sent it) or is cut here."""
+    def ended(self) -> bytes:
+        """What is held, released whole: the stream ended as the upstream sent it (a last event without a blank
+        line), or is cut here."""
         held = b"".join(self._held)
         self._held, self._held_size = [], 0
         return held
 
-    def error_prefix(self) -> bytes:
-        """Before an error event written now: what ends an oversized event that went out in part (what is held
-        never goes out)."""
+    def broken(self, error_event: bytes) -> bytes:
+        """The upstream broke off: the dialect's error event, after what ends an oversized event that went out in
+        part (what is held never goes out)."""
         self._held, self._held_size = [], 0
-        return b"\n\n" if self._passing else b""
+        return (b"\n\n" if self._passing else b"") + error_event
