@@ -107,6 +107,7 @@ _NEGATIVE_HEAD = re.compile(
     re.IGNORECASE,
 )
 _NEGATIVE_END = re.compile(r"(?:not\x20found|does\x20not\x20exist|doesn't\x20exist)\W{0,3}$", re.IGNORECASE)
+_NEGATIVE_TAIL = 20  # the longest end form and its punctuation
 
 
 def is_negative_answer(text: str) -> bool:
@@ -114,7 +115,9 @@ def is_negative_answer(text: str) -> bool:
     if len(text) > 4 * _NEGATIVE_ANSWER:  # not stripped whole: it may be a long answer
         return False
     text = text.strip()
-    return len(text) <= _NEGATIVE_ANSWER and bool(_NEGATIVE_HEAD.match(text) or _NEGATIVE_END.search(text))
+    # The end's form is read on the end alone: searched over the whole answer, it costs more than every other form.
+    return len(text) <= _NEGATIVE_ANSWER and bool(_NEGATIVE_HEAD.match(text)
+                                                  or _NEGATIVE_END.search(text, max(0, len(text) - _NEGATIVE_TAIL)))
 
 
 def argument_values(arguments: str) -> list[str]:
