@@ -15,15 +15,13 @@ import secrets
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from urllib.parse import quote
-
 import aiohttp
-import anthropic
-import openai
 import orjson
 
 from proxy.conversation import TOOL, Message
 from proxy.detect.judge_policy import LOOP_CONFIDENCE, JudgeCheck
+from proxy.wire import JudgeRoute
+from proxy.wire.dialect import JudgeQuestion
 
 log = logging.getLogger("loopwarden.judge")
 
@@ -48,23 +46,15 @@ Answer with a JSON object and nothing else:
 {{"analysis": "<one or two sentences on what the agent is doing and why it is or is not progress>",
   "confidence": <a number from 0 to 1: how sure you are that the agent has stopped making progress>}}"""
 
-_SCHEMA = {
-    "type": "json_schema",
-    "json_schema": {
-        "name": "loop_verdict",
-        "strict": True,
-        "schema": {
-            "type": "object",
-            "properties": {"analysis": {"type": "string"}, "confidence": {"type": "number"}},
-            "required": ["analysis", "confidence"],
-            "additionalProperties": False,
-        },
-    },
+# The verdict's JSON schema, for backends that take one.
+VERDICT_SCHEMA = {
+    "type": "object",
+    "properties": {"analysis": {"type": "string"}, "confidence": {"type": "number"}},
+    "required": ["analysis", "confidence"],
+    "additionalProperties": False,
 }
-_FORMATS = (_SCHEMA, {"type": "json_object"}, None)  # tried in turn on backends that refuse one
 _OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 _MESSAGE_CHARS = 1500
-MAX_CLIENTS = 64
 
 
 @dataclass(frozen=True)
@@ -109,16 +99,6 @@ def parse_answer(text: str | None) -> tuple[float | None, str]:
     return None, ""
 
 
-ANTHROPIC, GEMINI = "anthropic", "gcp.gemini"  # the providers judged in their own dialect
-
-
-class Endpoint(NamedTuple):
-    """Where the judge asks, and the key it asks with (None: the client's own)."""
-
-    url: str | None
-    api_key: str | None = None
-
-
 class Question(NamedTuple):
     """What the judge is asked of a session's task at one of its turns: the person's request and the window of
     the conversation it reads, asked with the client's key (where the judge has none of its own)."""
@@ -131,122 +111,61 @@ class Question(NamedTuple):
 
 
 class Judge:
-    """Asks over Chat Completions (`chat`), or, for a session whose provider is Anthropic or Gemini (and no
-    JUDGE_URL), that provider's upstream in its own dialect (`anthropic`, `gemini`)."""
+    """Asks each session's judge route (`proxy.wire.judge_route`) in its dialect, over one HTTP client."""
 
-    def __init__(self, chat: Endpoint, timeout: float, concurrency: int, anthropic: Endpoint = Endpoint(None),
-                 gemini: Endpoint = Endpoint(None)) -> None:
-        self.base_url, self.api_key = chat
-        self.anthropic_url, self.anthropic_api_key = anthropic
-        self.gemini_url, self.gemini_api_key = gemini
-        self._gemini_http: aiohttp.ClientSession | None = None
+    def __init__(self, timeout: float, concurrency: int) -> None:
         self.timeout = timeout
         self._limit = asyncio.Semaphore(concurrency)
-        self._clients: dict[tuple[bool, str], openai.AsyncOpenAI | anthropic.AsyncAnthropic] = {}
-        self._closing: set[asyncio.Task] = set()
-        self._formats: dict[str, int] = {}  # per model: the first response format it accepted
-
-    def _client(self, key: str, messages_api: bool) -> openai.AsyncOpenAI | anthropic.AsyncAnthropic:
-        """One client (and connection pool) per key and dialect in use, the least recently used closed past a
-        bound."""
-        client = self._clients.pop((messages_api, key), None)
-        if client is None and messages_api:
-            client = anthropic.AsyncAnthropic(base_url=self.anthropic_url, api_key=key or "none", max_retries=0,
-                                              timeout=self.timeout, default_headers={JUDGE_HEADER: JUDGE_TOKEN})
-        elif client is None:
-            client = openai.AsyncOpenAI(base_url=self.base_url, api_key=key or "none", max_retries=0,
-                                        timeout=self.timeout, default_headers={JUDGE_HEADER: JUDGE_TOKEN})
-        self._clients[(messages_api, key)] = client  # most recent last
-        if len(self._clients) > MAX_CLIENTS:
-            oldest = next(iter(self._clients))
-            task = asyncio.get_running_loop().create_task(self._clients.pop(oldest).close())
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
-        return client
+        self._http: aiohttp.ClientSession | None = None
+        self._attempts: dict[tuple[str, str], int] = {}  # per dialect and model: the first way of asking it took
 
     async def close(self) -> None:
-        await asyncio.gather(*self._closing, return_exceptions=True)
-        for client in self._clients.values():
-            await client.close()
-        self._clients.clear()
-        if self._gemini_http is not None:
-            await self._gemini_http.close()
+        if self._http is not None:
+            await self._http.close()
 
-    async def ask(self, model: str, client_key: str, request: str, window: list[Message],
-                  provider: str = "openai") -> Answer:
+    async def ask(self, route: JudgeRoute, model: str, client_key: str, request: str, window: list[Message]
+                  ) -> Answer:
         """One model's answer; never raises (a failure is an answer without confidence)."""
-        shown = render(request, window)
+        question = JudgeQuestion(model, SYSTEM_PROMPT, render(request, window), VERDICT_SCHEMA)
         async with self._limit:
             try:
                 async with asyncio.timeout(self.timeout):
-                    if provider == GEMINI:
-                        return await self._ask_gemini(self.gemini_api_key or client_key, model, shown)
-                    messages_api = provider == ANTHROPIC
-                    client = self._client((self.anthropic_api_key if messages_api else self.api_key) or client_key,
-                                          messages_api)
-                    if messages_api:
-                        return await self._ask_messages(client, model, shown)
-                    return await self._ask(client, model, [{"role": "system", "content": SYSTEM_PROMPT},
-                                                           {"role": "user", "content": shown}])
+                    return await self._ask(route, question, route.key or client_key)
             except Exception as exc:  # timeouts, HTTP errors, refusals: no verdict
                 log.info("judge %s gave no verdict: %s", model, str(exc).splitlines()[0] if str(exc) else
                          type(exc).__name__)
                 return Answer(None, "", 0)
 
-    async def _ask(self, client: openai.AsyncOpenAI, model: str, messages: list[dict]) -> Answer:
-        start = self._formats.get(model, 0)
-        for index in range(start, len(_FORMATS)):
-            extra = {"response_format": _FORMATS[index]} if _FORMATS[index] else {}
-            try:
-                completion = await client.chat.completions.create(model=model, messages=messages, temperature=0,
-                                                                  **extra)
-            except openai.BadRequestError:
-                if index + 1 < len(_FORMATS):
-                    continue  # this backend does not take that response format: try the next
-                raise
-            self._formats[model] = index
-            text = completion.choices[0].message.content if completion.choices else None
+    async def _ask(self, route: JudgeRoute, question: JudgeQuestion, key: str) -> Answer:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(headers={JUDGE_HEADER: JUDGE_TOKEN}, trust_env=True)
+        dialect = route.dialect
+        attempt = self._attempts.get((dialect.name, question.model), 0)
+        call = dialect.judge_call(question, key, attempt)
+        while call is not None:
+            async with self._http.post(route.url(call.path), data=orjson.dumps(call.body),
+                                       headers={**call.headers, "Content-Type": "application/json"}) as answer:
+                body = await answer.read()
+                status = answer.status
+            following = dialect.judge_call(question, key, attempt + 1) if status == 400 else None
+            if following is not None:  # this backend does not take that way of asking for JSON: the next
+                attempt, call = attempt + 1, following
+                continue
+            if status != 200:
+                raise RuntimeError(f"the judge's upstream answered HTTP {status}")
+            self._attempts[(dialect.name, question.model)] = attempt
+            text, tokens = dialect.judge_reply(orjson.loads(body))
             confidence, analysis = parse_answer(text)
-            tokens = completion.usage.total_tokens if completion.usage else 0
             return Answer(confidence, analysis, tokens)
         return Answer(None, "", 0)
 
-    @staticmethod
-    async def _ask_messages(client: anthropic.AsyncAnthropic, model: str, shown: str) -> Answer:
-        message = await client.messages.create(model=model, max_tokens=400, system=SYSTEM_PROMPT,
-                                               messages=[{"role": "user", "content": shown}])
-        text = "".join(block.text for block in message.content if block.type == "text")
-        confidence, analysis = parse_answer(text)
-        return Answer(confidence, analysis, message.usage.input_tokens + message.usage.output_tokens)
-
-    async def _ask_gemini(self, key: str, model: str, shown: str) -> Answer:
-        """The Gemini API's generateContent, asked for a JSON answer."""
-        if self._gemini_http is None:
-            self._gemini_http = aiohttp.ClientSession(headers={JUDGE_HEADER: JUDGE_TOKEN}, trust_env=True)
-        root = str(self.gemini_url).rstrip("/").removesuffix("/v1beta").removesuffix("/v1")
-        body = {"systemInstruction": {"parts": [{"text": SYSTEM_PROMPT}]},
-                "contents": [{"role": "user", "parts": [{"text": shown}]}],
-                "generationConfig": {"temperature": 0, "responseMimeType": "application/json"}}
-        async with self._gemini_http.post(f"{root}/v1beta/models/{quote(model, safe='')}:generateContent",
-                                          data=orjson.dumps(body), headers={"x-goog-api-key": key,
-                                                                            "Content-Type": "application/json"}
-                                          ) as answer:
-            if answer.status != 200:
-                raise RuntimeError(f"the Gemini API answered HTTP {answer.status}")
-            data = orjson.loads(await answer.read())
-        candidates = data.get("candidates") or [{}]
-        parts = (candidates[0].get("content") or {}).get("parts") or []
-        text = "".join(p.get("text", "") for p in parts if isinstance(p, dict) and not p.get("thought"))
-        confidence, analysis = parse_answer(text)
-        return Answer(confidence, analysis, (data.get("usageMetadata") or {}).get("totalTokenCount", 0))
-
-    async def check(self, question: Question, model: str, confirm_model: str | None,
-                    provider: str = "openai") -> tuple[JudgeCheck, int]:
-        first = await self.ask(model, question.client_key, question.request, question.window, provider)
+    async def check(self, route: JudgeRoute, question: Question, model: str, confirm_model: str | None
+                    ) -> tuple[JudgeCheck, int]:
+        first = await self.ask(route, model, question.client_key, question.request, question.window)
         tokens = first.tokens
         confirm = None
         if confirm_model and first.confidence is not None and first.confidence >= LOOP_CONFIDENCE:
-            second = await self.ask(confirm_model, question.client_key, question.request, question.window, provider)
+            second = await self.ask(route, confirm_model, question.client_key, question.request, question.window)
             tokens += second.tokens
             confirm = second.confidence
         return JudgeCheck(question.task, question.turn, first.confidence, confirm, first.analysis), tokens

@@ -122,15 +122,19 @@ async def test_count_tokens_and_the_models_list_pass_untouched(upstream, proxy_f
 
 async def test_a_gemini_session_is_judged_by_the_gemini_upstream_in_its_own_dialect(upstream):
     """No JUDGE_URL: the judge of a Gemini session asks generateContent, with the session's key, for JSON."""
+    from proxy.config import build
     from proxy.conversation import Message
-    from proxy.judge import GEMINI, Endpoint, Judge, Question
+    from proxy.judge import Judge, Question
+    from proxy.wire import GEMINI, judge_route
     from tests.test_judge import verdict
 
     upstream.judge = lambda body: verdict(0.95, "it reads calc.py again and again")
-    judge = Judge(Endpoint(upstream.url), 5.0, 2, gemini=Endpoint(upstream.root + "/v1beta"))
-    check, tokens = await judge.check(Question("task-1", 30, "gemini-key-1", "Make the tests pass.",
+    settings = build({"upstream_url": upstream.url, "gemini_upstream_url": upstream.root + "/v1beta"}, environ={})
+    judge = Judge(5.0, 2)
+    check, tokens = await judge.check(judge_route(settings, GEMINI),
+                                      Question("task-1", 30, "gemini-key-1", "Make the tests pass.",
                                                [Message("assistant", "Reading calc.py again.")]),
-                                      "gemini-test", None, GEMINI)
+                                      "gemini-test", None)
     await judge.close()
     assert (check.confidence, check.analysis, tokens) == (0.95, "it reads calc.py again and again", 17)
     (asked,) = upstream.requests

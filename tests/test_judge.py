@@ -175,3 +175,45 @@ async def test_judge_requests_through_the_proxy_are_not_inspected(upstream, prox
     # its own X-Loopwarden-* headers on); the judge's did not.
     assert [s["messages"] for s in sessions] == [len(history(30))]
     assert stats["judge_checks"] == 1 and stats["judge_tokens"] > 0
+
+
+def test_each_dialect_asks_the_judge_question_in_its_own_shape():
+    """Pure: the judge's question as each dialect's request, the ways of asking for JSON in turn, and the answer
+    read back with its tokens."""
+    from proxy.config import build
+    from proxy.judge import VERDICT_SCHEMA
+    from proxy.wire import GEMINI, OPENAI, ROUTES, judge_route
+    from proxy.wire.dialect import JudgeQuestion
+
+    question = JudgeQuestion("m-1", "You review.", "The user's request: x", VERDICT_SCHEMA)
+    chat = [OPENAI.judge_call(question, "k", attempt) for attempt in range(4)]
+    assert [c and (c.body.get("response_format") or {}).get("type") for c in chat] == \
+        ["json_schema", "json_object", None, None]
+    assert chat[0].path == "/v1/chat/completions" and chat[0].headers == {"Authorization": "Bearer k"}
+    assert OPENAI.judge_reply({"choices": [{"message": {"content": "{}"}}], "usage": {"total_tokens": 9}}) == ("{}", 9)
+    responses = ROUTES["/v1/responses"].judge_call(question, "k", 0)
+    assert responses.path == "/v1/chat/completions"  # a Responses session is judged over Chat Completions
+
+    messages = ROUTES["/v1/messages"]
+    call = messages.judge_call(question, "k", 0)
+    assert (call.path, call.body["system"], call.body["max_tokens"]) == ("/v1/messages", "You review.", 400)
+    assert messages.judge_call(question, "k", 1) is None
+    assert messages.judge_reply({"content": [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "{}"}],
+                                 "usage": {"input_tokens": 5, "output_tokens": 2}}) == ("{}", 7)
+
+    call = GEMINI.judge_call(JudgeQuestion("models/g 1", "s", "t", VERDICT_SCHEMA), "gk", 0)
+    assert call.path == "/v1beta/models/models%2Fg%201:generateContent" and call.headers == {"x-goog-api-key": "gk"}
+    assert GEMINI.judge_reply({"candidates": [{"content": {"parts": [{"text": "x", "thought": True},
+                                                                     {"text": "{}"}]}}],
+                               "usageMetadata": {"totalTokenCount": 11}}) == ("{}", 11)
+    assert GEMINI.judge_reply({"candidates": "no"}) == ("", 0)
+
+    own = build({"upstream_url": "http://u/v1", "gemini_upstream_url": "http://g/v1beta",
+                 "gemini_upstream_api_key": "gemini-key"}, environ={})
+    route = judge_route(own, GEMINI)
+    assert (route.dialect, str(route.url(call.path)), route.key) == (
+        GEMINI, "http://g/v1beta/models/models%2Fg%201:generateContent", "gemini-key")
+    elsewhere = build({"upstream_url": "http://u/v1", "judge_url": "http://j/v1", "judge_api_key": "jk"}, environ={})
+    route = judge_route(elsewhere, GEMINI)  # JUDGE_URL: Chat Completions for every session
+    assert (route.dialect, str(route.url("/v1/chat/completions")), route.key) == (
+        OPENAI, "http://j/v1/chat/completions", "jk")

@@ -155,7 +155,7 @@ async def _inspected(request: web.Request, dialect: Dialect, span) -> web.Stream
         if tap is not None:
             tap.delivered(upstream.status, request_id)
         if verdict.judge is not None:
-            guard.judges.start(verdict.judge, dialect.provider)  # forwarded: background work may start now
+            guard.judges.start(verdict.judge, dialect)  # forwarded: background work may start now
         response_headers = client_headers(upstream)
         response_headers.update(verdict.headers)
         if upstream.status == 200 and upstream.headers.get("Content-Type", "").startswith("text/event-stream"):

@@ -15,12 +15,12 @@ from proxy.config import Settings
 from proxy.conversation import Chain
 from proxy.detect.judge_policy import judge_window
 from proxy.inspection import Inspector, JudgeDue, client_key, tenant_of
-from proxy.judge import JUDGE_HEADER, JUDGE_TOKEN, Endpoint, Judge, Question
+from proxy.judge import JUDGE_HEADER, JUDGE_TOKEN, Judge, Question
 from proxy.server.alerts import Alerts
 from proxy.server.episodes import EpisodeLog
+from proxy.wire import judge_route
 from proxy.wire.dialect import Dialect
 from proxy.wire.known import KnownBodies
-from proxy.wire.messages import anthropic_root
 
 log = logging.getLogger("loopwarden.guard")
 
@@ -60,20 +60,19 @@ class JudgeScheduler:
         self.confirm = confirm
         self._running: dict[tuple[str, str], asyncio.Task] = {}
 
-    def start(self, due: JudgeDue, provider: str) -> None:
+    def start(self, due: JudgeDue, dialect: Dialect) -> None:
         if due.key in self._running:
             return
-        task = asyncio.get_running_loop().create_task(self._check(due, provider))
+        task = asyncio.get_running_loop().create_task(self._check(due, dialect))
         self._running[due.key] = task
 
-    async def _check(self, due: JudgeDue, provider: str) -> None:
+    async def _check(self, due: JudgeDue, dialect: Dialect) -> None:
         try:
             request, window = judge_window(due.messages, due.task_start)
             model = self.settings.judge_model or due.context.model
-            # A session is judged by its own provider, in its own dialect, unless JUDGE_URL names another.
-            check, tokens = await self.judge.check(Question(due.task, due.turn, due.client_key, request, window),
-                                                   model, self.settings.judge_confirm_model,
-                                                   provider if self.settings.judge_url is None else "openai")
+            check, tokens = await self.judge.check(judge_route(self.settings, dialect),
+                                                   Question(due.task, due.turn, due.client_key, request, window),
+                                                   model, self.settings.judge_confirm_model)
             self.store.record_judge_check(due.context.tenant, due.context.session_id, check, model, tokens)
             if self.metrics is not None:
                 outcome = "none" if check.confidence is None else \
@@ -109,13 +108,8 @@ class Guard:
         self.episodes = EpisodeLog(store, metrics, self.alerts)
         self.chain = ResponseChain(store)
         self.bodies = KnownBodies()  # each long conversation's last body: the next is parsed from where it differs
-        judge = Judge(
-            Endpoint(settings.judge_url or settings.upstream_url, settings.judge_api_key or settings.upstream_api_key),
-            settings.judge_timeout, settings.judge_concurrency,
-            Endpoint(anthropic_root(settings.anthropic_upstream_url),
-                     settings.judge_api_key or settings.anthropic_upstream_api_key),
-            Endpoint(settings.gemini_upstream_url, settings.judge_api_key or settings.gemini_upstream_api_key),
-        ) if settings.llm_check and store is not None else None
+        judge = Judge(settings.judge_timeout, settings.judge_concurrency) \
+            if settings.llm_check and store is not None else None
         self.inspector = Inspector(settings, store, self.episodes,
                                    judging=judge is not None, keep=self.chain.keep if store is not None else None,
                                    is_judge=is_judge)

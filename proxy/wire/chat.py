@@ -13,7 +13,8 @@ from typing import Any, Mapping
 from yarl import URL
 
 from proxy.conversation import ASSISTANT, Conversation, LazyMessages, Message, ToolCall, from_record, insert_placed
-from proxy.wire.dialect import Credentials, DialectDefaults, RequestError, counted, join_url, positive_int, sse
+from proxy.wire.dialect import Credentials, DialectDefaults, JudgeCall, JudgeQuestion, RequestError, counted, join_url, \
+    positive_int, sse
 from proxy.wire.errors import error_body, sse_error_event
 
 _AUTHORIZATION = frozenset({b"authorization"})
@@ -38,6 +39,10 @@ class OpenAIDialect(DialectDefaults):
         return join_url(settings.upstream_url, raw_path.removeprefix("/v1"), raw_query)
 
     @staticmethod
+    def upstream_key(settings) -> str | None:
+        return settings.upstream_api_key
+
+    @staticmethod
     def credentials(settings) -> Credentials | None:
         if settings.upstream_api_key:
             return _AUTHORIZATION, b"Authorization", f"Bearer {settings.upstream_api_key}".encode()
@@ -45,6 +50,30 @@ class OpenAIDialect(DialectDefaults):
 
     error_body = staticmethod(error_body)
     stream_error = staticmethod(sse_error_event)
+
+    @staticmethod
+    def judge_call(question: JudgeQuestion, key: str, attempt: int) -> JudgeCall | None:
+        """Chat Completions (the Responses API's sessions too): the verdict's schema first, then any JSON object,
+        then the prompt's words alone, for backends that refuse a response format."""
+        if attempt > 2:
+            return None
+        body = {"model": question.model, "temperature": 0,
+                "messages": [{"role": "system", "content": question.system},
+                             {"role": "user", "content": question.shown}]}
+        if attempt == 0:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "loop_verdict", "strict": True,
+                                                                              "schema": question.schema}}
+        elif attempt == 1:
+            body["response_format"] = {"type": "json_object"}
+        return JudgeCall("/v1/chat/completions", {"Authorization": f"Bearer {key}"} if key else {}, body)
+
+    @staticmethod
+    def judge_reply(body: dict) -> tuple[str, int]:
+        choices = body.get("choices")
+        message = choices[0].get("message") if isinstance(choices, list) and choices and \
+            isinstance(choices[0], dict) else None
+        text = message.get("content") if isinstance(message, dict) else None
+        return (text if isinstance(text, str) else ""), counted(body.get("usage"), "total_tokens") or 0
 
 
 OPEN_THINK, CLOSE_THINK = "<think>", "</think>"

@@ -30,6 +30,25 @@ class Summary(NamedTuple):
     output_tokens: int | None = None
 
 
+class JudgeQuestion(NamedTuple):
+    """What the judge asks, in any dialect: the model, its instructions, the conversation as it reads it, and
+    the JSON schema of the verdict it wants back."""
+
+    model: str
+    system: str
+    shown: str
+    schema: dict
+
+
+class JudgeCall(NamedTuple):
+    """The judge's question as one request in a dialect: the path under the dialect's upstream, the headers
+    (the key where the dialect carries it) and the body."""
+
+    path: str
+    headers: dict[str, str]
+    body: dict
+
+
 class StreamAssembler(Protocol):
     """Follows one streamed answer event by event, and ends a stream the proxy cuts in the dialect's shape."""
 
@@ -74,6 +93,9 @@ class Dialect(Protocol):
 
     def upstream_url(self, settings, raw_path: str, raw_query: str) -> URL:
         """Where a request goes, its path and query as the client encoded them (`raw_path` is the full path)."""
+
+    def upstream_key(self, settings) -> str | None:
+        """The key configured for this dialect's upstream; None: the client's own key goes up."""
 
     def credentials(self, settings) -> Credentials | None:
         """The configured upstream key as this dialect's key travels: the (lowercase) names of the client's
@@ -128,6 +150,13 @@ class Dialect(Protocol):
 
     def is_side_request(self, payload: dict) -> bool:
         """An agent's side request (a title, a check of its own): a conversation of its own."""
+
+    def judge_call(self, question: JudgeQuestion, key: str, attempt: int) -> JudgeCall | None:
+        """The judge's question as this dialect asks its upstream for a JSON answer; `attempt` counts the ways
+        of asking for JSON that a backend refused before (None: no way is left)."""
+
+    def judge_reply(self, body: dict) -> tuple[str, int]:
+        """The text of the judge's answer and the tokens it cost."""
 
 
 class DialectDefaults:

@@ -14,14 +14,15 @@ stream (`?alt=sse`) is a chunk per event, each a whole `GenerateContentResponse`
 from __future__ import annotations
 
 from typing import Any, Mapping
-from urllib.parse import parse_qsl, unquote, urlencode
+from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 import orjson
 from yarl import URL
 
 from proxy.conversation import ASSISTANT, SYSTEM, TOOL, USER, Anchor, Conversation, ItemReading, Message, \
     Messages, ToolCall, arguments_text, insert_placed, resume
-from proxy.wire.dialect import Credentials, DialectDefaults, RequestError, counted, join_url, positive_int, sse
+from proxy.wire.dialect import Credentials, DialectDefaults, JudgeCall, JudgeQuestion, RequestError, counted, join_url, \
+    positive_int, sse
 
 _REPLACED = frozenset({b"authorization", b"x-goog-api-key"})  # whichever auth the client used
 # The methods whose conversations are watched; the rest (`countTokens`, `embedContent`, ...) are relayed.
@@ -151,6 +152,33 @@ class GeminiDialect(DialectDefaults):
             raw_query = urlencode([(name, key if name == "key" else value)
                                    for name, value in parse_qsl(raw_query, keep_blank_values=True)])
         return join_url(base, raw_path, raw_query)
+
+    @staticmethod
+    def upstream_key(settings) -> str | None:
+        return settings.gemini_upstream_api_key
+
+    @staticmethod
+    def judge_call(question: JudgeQuestion, key: str, attempt: int) -> JudgeCall | None:
+        """generateContent, asked for a JSON answer."""
+        if attempt:
+            return None
+        body = {"systemInstruction": {"parts": [{"text": question.system}]},
+                "contents": [{"role": "user", "parts": [{"text": question.shown}]}],
+                "generationConfig": {"temperature": 0, "responseMimeType": "application/json"}}
+        return JudgeCall(f"/v1beta/models/{quote(question.model, safe='')}:generateContent",
+                         {"x-goog-api-key": key} if key else {}, body)
+
+    @staticmethod
+    def judge_reply(body: dict) -> tuple[str, int]:
+        """The answer's text, its thought parts aside."""
+        candidates = body.get("candidates")
+        first = candidates[0] if isinstance(candidates, list) and candidates and isinstance(candidates[0], dict) \
+            else {}
+        content = first.get("content")
+        parts = content.get("parts") if isinstance(content, dict) else None
+        text = "".join(part["text"] for part in parts if isinstance(part, dict) and not part.get("thought")
+                       and isinstance(part.get("text"), str)) if isinstance(parts, list) else ""
+        return text, counted(body.get("usageMetadata"), "totalTokenCount") or 0
 
     @staticmethod
     def credentials(settings) -> Credentials | None:

@@ -22,9 +22,11 @@ from yarl import URL
 
 from proxy.conversation import ASSISTANT, CUT_NOTICE_PREFIX, SYSTEM, TOOL, USER, Anchor, Conversation, \
     ItemReading, Message, Messages, ToolCall, arguments_text, insert_placed, resume
-from proxy.wire.dialect import Credentials, DialectDefaults, RequestError, join_url, positive_int, sse
+from proxy.wire.dialect import Credentials, DialectDefaults, JudgeCall, JudgeQuestion, RequestError, counted, join_url, \
+    positive_int, sse
 
 _REPLACED = frozenset({b"authorization", b"x-api-key"})
+ANTHROPIC_VERSION = "2023-06-01"  # the API version the judge's requests name
 _ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})
 # Text a user message carries that an agent wrote, not a person: it never starts a task.
 _AGENT_TEXT = ("<system-reminder>", "[loopwarden] ")
@@ -133,6 +135,27 @@ class MessagesDialect(DialectDefaults):
     @staticmethod
     def upstream_url(settings, raw_path: str, raw_query: str) -> URL:
         return join_url(anthropic_root(settings.anthropic_upstream_url), raw_path, raw_query)
+
+    @staticmethod
+    def upstream_key(settings) -> str | None:
+        return settings.anthropic_upstream_api_key
+
+    @staticmethod
+    def judge_call(question: JudgeQuestion, key: str, attempt: int) -> JudgeCall | None:
+        """The Messages API has no response format: the prompt asks for the JSON."""
+        if attempt:
+            return None
+        headers = {"anthropic-version": ANTHROPIC_VERSION, **({"Authorization": f"Bearer {key}"} if key else {})}
+        return JudgeCall("/v1/messages", headers, {"model": question.model, "max_tokens": 400,
+                                                   "system": question.system,
+                                                   "messages": [{"role": "user", "content": question.shown}]})
+
+    @staticmethod
+    def judge_reply(body: dict) -> tuple[str, int]:
+        blocks = body.get("content")
+        text = "".join(block["text"] for block in blocks if isinstance(block, dict) and block.get("type") == "text"
+                       and isinstance(block.get("text"), str)) if isinstance(blocks, list) else ""
+        return text, counted(body.get("usage"), "input_tokens", "output_tokens") or 0
 
     @staticmethod
     def credentials(settings) -> Credentials | None:
