@@ -28,7 +28,8 @@ CORPUS = ROOT / "tests" / "corpus"
 CAPTURES = ROOT / "tests" / "fixtures" / "agents"
 
 
-PARTS = ("tuned", "unseen", "held-out")  # written with; added, to tune on next; never to tune on (by source)
+PARTS = ("tuned", "unseen", "held-out")
+LONG_LOOP = 5  # a loop labelled as repeating this many times or more (`repeats`) is one every ladder should catch  # written with; added, to tune on next; never to tune on (by source)
 LADDERS = {"the default ladder (3)": DetectConfig(), "the ladder of five (before 2026-11-26)":
            DetectConfig(tool_call_threshold=5)}
 
@@ -43,28 +44,35 @@ def corpus() -> None:
             (record,), errors = read_records([str(CORPUS / run)])
             episodes = replay(config, record).episodes
             agent = label["agent"].split(" (")[0].split(" with ")[0].split(",")[0]
-            row = rows.setdefault((label.get("part", "tuned"), agent), [0, 0, 0, 0, 0])
+            row = rows.setdefault((label.get("part", "tuned"), agent), [0, 0, 0, 0, 0, 0, 0])
             row[0] += 1
             if label["label"] == "loop":
+                warned = bool(episodes and episodes[0]["action"] == "warned")
                 row[1] += 1
-                row[2] += bool(episodes and episodes[0]["action"] == "warned")
+                row[2] += warned
+                if label["repeats"] >= LONG_LOOP:
+                    row[5] += 1
+                    row[6] += warned
             else:
                 row[3] += 1
                 row[4] += bool(episodes)
                 if episodes:
                     flagged.append(f"{run}: {[(e['type'], e['action']) for e in episodes]}")
         print(f"\n{name}\n")
-        print("| part | agent | runs | labelled loops | warned | benign runs | flagged |")
-        print("|---|---|---|---|---|---|---|")
+        print(f"| part | agent | runs | labelled loops | warned | of them repeating {LONG_LOOP}+ times: warned | "
+              "benign runs | flagged |")
+        print("|---|---|---|---|---|---|---|---|")
         for part in PARTS:
-            total = [0] * 5
+            total = [0] * 7
             for (row_part, agent), row in sorted(rows.items()):
                 if row_part == part:
                     total = [a + b for a, b in zip(total, row)]
-                    print(f"| {part} | {agent} | {row[0]} | {row[1]} | {row[2] if row[1] else '–'} | {row[3]} | "
-                          f"{row[4]} |")
+                    print(f"| {part} | {agent} | {row[0]} | {row[1]} | {row[2] if row[1] else '–'} | "
+                          f"{f'{row[6]}/{row[5]}' if row[5] else '–'} | {row[3]} | {row[4]} |")
             recall = f"{total[2] / total[1]:.0%}" if total[1] else "–"
-            print(f"| **{part}** | all | {total[0]} | {total[1]} | {total[2]} ({recall}) | {total[3]} | {total[4]} |")
+            long_recall = f"{total[6]}/{total[5]} ({total[6] / total[5]:.0%})" if total[5] else "–"
+            print(f"| **{part}** | all | {total[0]} | {total[1]} | {total[2]} ({recall}) | {long_recall} | {total[3]} | "
+                  f"{total[4]} |")
         for line in flagged:
             print(f"  flagged: {line}")
 

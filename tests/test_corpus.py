@@ -19,6 +19,10 @@ def test_every_run_in_the_corpus_is_labelled_and_every_label_has_a_run():
     assert runs == set(LABELS)
     assert {"loop", "benign"} == {label["label"] for label in LABELS.values()}
     assert len({label["agent"].split(" (")[0] for label in LABELS.values()}) >= 3
+    # A loop says how many times it repeats (bench/corpus.py reports the loops repeating 5 times or more apart).
+    assert all(isinstance(label.get("repeats"), int) and label["repeats"] >= 2
+               for label in LABELS.values() if label["label"] == "loop")
+    assert not any("repeats" in label for label in LABELS.values() if label["label"] == "benign")
 
 
 # The runs the rules were written with ("tuned": no part named) must each get their label's verdict. The runs

@@ -22,6 +22,7 @@ from proxy.server import guard as guard_module
 from proxy.server.http1 import UpstreamClient, UpstreamResponse
 from proxy.server.metrics import Metrics
 from proxy.server.routing import route_the_rest, unrouted
+from proxy.server.flow import Addons, Flow, JudgeAddon, TimingAddon, TracingAddon
 from proxy.server.telemetry import Telemetry
 from proxy.inspection import Forward, Incoming, Stop, Tap, body_slot
 from proxy.server.upstream import (
@@ -36,7 +37,7 @@ from proxy.server.upstream import (
 )
 from proxy.store.store import Store
 from proxy.wire import GEMINI, OPENAI, ROUTES, gemini_inspected, relay_dialect
-from proxy.wire.dialect import Dialect, RequestError
+from proxy.wire.dialect import Dialect, RequestError, Summary
 from proxy.wire.known import Parsed
 from proxy.wire.sse import MAX_EVENT_BYTES, WholeEvents
 
@@ -47,6 +48,7 @@ CLIENT = web.AppKey("client", UpstreamClient)
 GUARD = web.AppKey("guard", guard_module.Guard)
 METRICS = web.AppKey("metrics", Metrics)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
+ADDONS = web.AppKey("addons", Addons)
 
 # The most of a non-streamed answer that is read; a larger one is relayed as it comes, uninspected.
 INSPECTED_ANSWER_BYTES = MAX_EVENT_BYTES
@@ -103,70 +105,77 @@ def inspected(dialect: Dialect):
     """The handler of a path whose conversations are watched, in the dialect it speaks."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        telemetry = request.app[TELEMETRY]
-        if telemetry.tracer is None:
-            return await _inspected(request, dialect, None)
-        span = telemetry.start(request.headers, dialect)
+        addons = request.app[ADDONS]
+        flow = Flow(request.headers, dialect, request.rel_url.raw_path)
+        for hook in addons.started:
+            hook(flow)
         try:
-            return await _inspected(request, dialect, span)
+            return await _inspected(request, flow, addons)
         except BaseException as exc:
-            span.record_exception(exc)
+            for hook in addons.error:
+                hook(flow, exc)
             raise
         finally:
-            span.end()
+            for hook in addons.done:
+                hook(flow)
 
     return handler
 
 
-async def _inspected(request: web.Request, dialect: Dialect, span) -> web.StreamResponse:
-    """One watched request; `span`, when tracing is on, learns what it came to."""
-    app = request.app
+def _answered(flow: Flow, addons: Addons, status: int, summary: Summary | None = None) -> None:
+    """What the client was answered, told to the add-ons that watch it."""
+    flow.status, flow.summary = status, summary
+    for hook in addons.response:
+        hook(flow)
+
+
+async def _inspected(request: web.Request, flow: Flow, addons: Addons) -> web.StreamResponse:
+    """One watched request, its flow told to the add-ons at each point."""
+    app, dialect = request.app, flow.dialect
     parsed = await _parsed_body(request, dialect)
     if isinstance(parsed, web.Response):
         return parsed
-    payload, guard, metrics = parsed.payload, app[GUARD], app[METRICS]
-    began = time.perf_counter()
-    if span is not None:
-        Telemetry.request(span, payload, dialect, request.rel_url.raw_path)
+    payload, guard = parsed.payload, app[GUARD]
+    flow.began, flow.payload = time.perf_counter(), payload
+    for hook in addons.request:
+        hook(flow)
     chain = guard.chain.load(request.headers, payload, dialect)
     if chain is not None:
         chain = await chain
     try:
         verdict = guard.inspector.inspect(Incoming(request.headers, parsed.raw, payload, dialect, chain,
                                                    request.rel_url.raw_path, request.rel_url.query,
-                                                   f"{request.scheme}://{request.host}", parsed), span)
+                                                   f"{request.scheme}://{request.host}", parsed), flow.span)
     except RequestError as exc:
         return _refused(dialect, str(exc), "invalid_value")
+    flow.verdict = verdict
     if isinstance(verdict, Stop):
-        if span is not None:
-            Telemetry.answered(span, verdict.headers, None, verdict.status)
+        _answered(flow, addons, verdict.status)
         return web.Response(status=verdict.status, body=verdict.body, content_type="application/json",
                             headers=verdict.headers)
     settings = app[SETTINGS]
     upstream_dialect = relay_dialect(request.headers, request.rel_url.query, dialect)
     headers = upstream_headers(request, settings, upstream_dialect, inspected=True)
     url = upstream_dialect.upstream_url(settings, request.rel_url.raw_path, request.rel_url.raw_query_string)
-    sent = time.perf_counter()
-    metrics.overhead.observe(sent - began)
+    flow.sent = time.perf_counter()
     upstream = await send_upstream(app[CLIENT], "POST", url, headers, verdict.body, sent=verdict.prepare)
     try:
-        metrics.upstream_latency.observe(time.perf_counter() - sent)
-        tap, request_id = verdict.tap, upstream.headers.get("x-request-id")
+        tap = verdict.tap
+        flow.request_id = upstream.headers.get("x-request-id")
         if tap is not None:
-            tap.delivered(upstream.status, request_id)
-        if verdict.judge is not None:
-            guard.judges.start(verdict.judge, dialect)  # forwarded: background work may start now
+            tap.delivered(upstream.status, flow.request_id)
+        for hook in addons.forwarded:
+            hook(flow)
         response_headers = client_headers(upstream)
         response_headers.update(verdict.headers)
         if upstream.status == 200 and upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
             # A stream compressed although identity was asked for is relayed untouched, unread.
             response = await _relay_stream(request, upstream, response_headers, dialect, guard,
                                            tap if _encoding(upstream.headers) == "identity" else None)
-            if span is not None:
-                Telemetry.answered(span, verdict.headers, request_id, 200,
-                                   tap.streamed_summary(dialect.tokens) if tap is not None else None)
+            if addons.response:
+                _answered(flow, addons, 200, tap.streamed_summary(dialect.tokens) if tap is not None else None)
             return response
-        return await _whole_answer(request, dialect, verdict, upstream, response_headers, span)
+        return await _whole_answer(request, flow, addons, upstream, response_headers)
     finally:
         upstream.release()
 
@@ -196,10 +205,11 @@ async def _parsed_body(request: web.Request, dialect: Dialect) -> Parsed | web.R
     return parsed
 
 
-async def _whole_answer(request: web.Request, dialect: Dialect, verdict: Forward, upstream: UpstreamResponse,
-                        response_headers: dict, span) -> web.StreamResponse:
+async def _whole_answer(request: web.Request, flow: Flow, addons: Addons, upstream: UpstreamResponse,
+                        response_headers: dict) -> web.StreamResponse:
     """A non-streamed answer: relayed once read (the tap given it), or, too large to inspect, as it comes."""
-    tap, request_id = verdict.tap, upstream.headers.get("x-request-id")
+    verdict = flow.verdict
+    tap = verdict.tap
     try:
         body = await _answer(upstream)
     except Exception as exc:
@@ -210,8 +220,7 @@ async def _whole_answer(request: web.Request, dialect: Dialect, verdict: Forward
         _uninspected(request, verdict, "")
         return await _relay_body(request, upstream, response_headers, body)
     if upstream.status != 200:
-        if span is not None:
-            Telemetry.answered(span, verdict.headers, request_id, upstream.status)
+        _answered(flow, addons, upstream.status)
         return _upstream_error(upstream.status, body, response_headers)
     readable = _decoded(body, _encoding(upstream.headers), INSPECTED_ANSWER_BYTES)
     if readable is not None and len(readable) > INSPECTED_ANSWER_BYTES:  # compressed, and too large unpacked
@@ -228,9 +237,8 @@ async def _whole_answer(request: web.Request, dialect: Dialect, verdict: Forward
                 await request.app[GUARD].before_last_byte()
         elif tap is not None:  # the answer goes out first; the engine reads it on the loop's next turn
             asyncio.get_running_loop().call_soon(tap.complete, answer)
-        if span is not None:
-            Telemetry.answered(span, verdict.headers, request_id, 200,
-                               dialect.summary(answer) if isinstance(answer, dict) else None)
+        if addons.response:
+            _answered(flow, addons, 200, flow.dialect.summary(answer) if isinstance(answer, dict) else None)
     return web.Response(status=200, body=body, headers=response_headers)
 
 
@@ -545,7 +553,9 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app[GUARD] = guard
-    app[TELEMETRY] = Telemetry(os.environ)
+    app[TELEMETRY] = telemetry = Telemetry(os.environ)
+    app[ADDONS] = Addons([*([TracingAddon(telemetry)] if telemetry.tracer is not None else []), TimingAddon(metrics),
+                          *([JudgeAddon(guard.judges)] if guard.judges is not None else [])])
 
     async def client_context(app: web.Application) -> AsyncIterator[None]:
         app[CLIENT] = make_upstream_client(settings)

@@ -1,0 +1,103 @@
+"""One watched request as a flow, and the add-ons that watch it.
+
+The handler moves the bytes and asks the guard; everything that only watches a request (tracing, the
+metrics of its timing, the judge started once it is forwarded) is an add-on with the hooks it needs, called in
+turn at each point of the flow. An add-on never changes what the client gets, and a hook it does not define
+costs nothing: each point calls only the add-ons that define it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from proxy.server.metrics import Metrics
+from proxy.server.telemetry import Telemetry
+from proxy.wire.dialect import Dialect, Summary
+
+HOOKS = ("started", "request", "forwarded", "response", "error", "done")
+
+
+@dataclass(slots=True)
+class Flow:
+    """What one watched request has come to so far, as the add-ons read it."""
+
+    headers: Mapping[str, str]
+    dialect: Dialect
+    raw_path: str
+    began: float = field(default_factory=time.perf_counter)
+    payload: dict | None = None  # the request's body, once read
+    verdict: Any = None  # the guard's Stop or Forward
+    sent: float | None = None  # when it went upstream
+    status: int | None = None  # what the client was answered
+    request_id: str | None = None  # the upstream's id of the request
+    summary: Summary | None = None  # what the answer said of itself
+    span: Any = None  # the request's trace span, when tracing is on
+
+    @property
+    def answer_headers(self) -> Mapping[str, str]:
+        """The headers the proxy adds to the answer (the session, the episode)."""
+        return getattr(self.verdict, "headers", None) or {}
+
+
+class Addon:
+    """A part of the request path that only watches it. Hooks, each optional:
+
+    `started` (the request has arrived), `request` (its body is read), `forwarded` (it went upstream and
+    the upstream's head came back), `response` (what the client was answered), `error` (an exception left the
+    handler), `done` (always, last)."""
+
+
+class Addons:
+    """The add-ons in use, each point of the flow calling the ones that define its hook."""
+
+    def __init__(self, addons: list[Addon]) -> None:
+        self.addons = addons
+        for hook in HOOKS:
+            setattr(self, hook, tuple(getattr(addon, hook) for addon in addons if hasattr(addon, hook)))
+
+
+class TracingAddon(Addon):
+    """One OpenTelemetry span per watched request (`proxy.server.telemetry`)."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self.telemetry = telemetry
+
+    def started(self, flow: Flow) -> None:
+        flow.span = self.telemetry.start(flow.headers, flow.dialect)
+
+    def request(self, flow: Flow) -> None:
+        Telemetry.request(flow.span, flow.payload, flow.dialect, flow.raw_path)
+
+    def response(self, flow: Flow) -> None:
+        Telemetry.answered(flow.span, flow.answer_headers, flow.request_id, flow.status, flow.summary)
+
+    def error(self, flow: Flow, exc: BaseException) -> None:
+        flow.span.record_exception(exc)
+
+    def done(self, flow: Flow) -> None:
+        flow.span.end()
+
+
+class TimingAddon(Addon):
+    """The proxy's own time before a request goes upstream, and the upstream's until its head comes back."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def forwarded(self, flow: Flow) -> None:
+        self.metrics.overhead.observe(flow.sent - flow.began)
+        self.metrics.upstream_latency.observe(time.perf_counter() - flow.sent)
+
+
+class JudgeAddon(Addon):
+    """A judge check the verdict made due starts once its request is forwarded: never before, never on its
+    path."""
+
+    def __init__(self, judges) -> None:
+        self.judges = judges
+
+    def forwarded(self, flow: Flow) -> None:
+        if flow.verdict.judge is not None:
+            self.judges.start(flow.verdict.judge, flow.dialect)
