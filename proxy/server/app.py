@@ -22,7 +22,7 @@ from proxy.server import guard as guard_module
 from proxy.server.http1 import UpstreamClient, UpstreamResponse
 from proxy.server.metrics import Metrics
 from proxy.server.routing import route_the_rest, unrouted
-from proxy.server.flow import Addons, Flow, JudgeAddon, TimingAddon, TracingAddon
+from proxy.server.addons import Addons, Exchange, JudgeAddon, TimingAddon, TracingAddon
 from proxy.server.telemetry import Telemetry
 from proxy.inspection import Forward, Incoming, Stop, Tap, body_slot
 from proxy.server.upstream import (
@@ -106,66 +106,66 @@ def inspected(dialect: Dialect):
 
     async def handler(request: web.Request) -> web.StreamResponse:
         addons = request.app[ADDONS]
-        flow = Flow(request.headers, dialect, request.rel_url.raw_path)
+        exchange = Exchange(request.headers, dialect, request.rel_url.raw_path)
         for hook in addons.started:
-            hook(flow)
+            hook(exchange)
         try:
-            return await _inspected(request, flow, addons)
+            return await _inspected(request, exchange, addons)
         except BaseException as exc:
             for hook in addons.error:
-                hook(flow, exc)
+                hook(exchange, exc)
             raise
         finally:
             for hook in addons.done:
-                hook(flow)
+                hook(exchange)
 
     return handler
 
 
-def _answered(flow: Flow, addons: Addons, status: int, summary: Summary | None = None) -> None:
+def _answered(exchange: Exchange, addons: Addons, status: int, summary: Summary | None = None) -> None:
     """What the client was answered, told to the add-ons that watch it."""
-    flow.status, flow.summary = status, summary
+    exchange.status, exchange.summary = status, summary
     for hook in addons.response:
-        hook(flow)
+        hook(exchange)
 
 
-async def _inspected(request: web.Request, flow: Flow, addons: Addons) -> web.StreamResponse:
-    """One watched request, its flow told to the add-ons at each point."""
-    app, dialect = request.app, flow.dialect
+async def _inspected(request: web.Request, exchange: Exchange, addons: Addons) -> web.StreamResponse:
+    """One watched request, its exchange told to the add-ons at each point."""
+    app, dialect = request.app, exchange.dialect
     parsed = await _parsed_body(request, dialect)
     if isinstance(parsed, web.Response):
         return parsed
     payload, guard = parsed.payload, app[GUARD]
-    flow.began, flow.payload = time.perf_counter(), payload
+    exchange.began, exchange.payload = time.perf_counter(), payload
     for hook in addons.request:
-        hook(flow)
+        hook(exchange)
     chain = guard.chain.load(request.headers, payload, dialect)
     if chain is not None:
         chain = await chain
     try:
         verdict = guard.inspector.inspect(Incoming(request.headers, parsed.raw, payload, dialect, chain,
                                                    request.rel_url.raw_path, request.rel_url.query,
-                                                   f"{request.scheme}://{request.host}", parsed), flow.span)
+                                                   f"{request.scheme}://{request.host}", parsed), exchange.span)
     except RequestError as exc:
         return _refused(dialect, str(exc), "invalid_value")
-    flow.verdict = verdict
+    exchange.verdict = verdict
     if isinstance(verdict, Stop):
-        _answered(flow, addons, verdict.status)
+        _answered(exchange, addons, verdict.status)
         return web.Response(status=verdict.status, body=verdict.body, content_type="application/json",
                             headers=verdict.headers)
     settings = app[SETTINGS]
     upstream_dialect = relay_dialect(request.headers, request.rel_url.query, dialect)
     headers = upstream_headers(request, settings, upstream_dialect, inspected=True)
     url = upstream_dialect.upstream_url(settings, request.rel_url.raw_path, request.rel_url.raw_query_string)
-    flow.sent = time.perf_counter()
+    exchange.sent = time.perf_counter()
     upstream = await send_upstream(app[CLIENT], "POST", url, headers, verdict.body, sent=verdict.prepare)
     try:
         tap = verdict.tap
-        flow.request_id = upstream.headers.get("x-request-id")
+        exchange.request_id = upstream.headers.get("x-request-id")
         if tap is not None:
-            tap.delivered(upstream.status, flow.request_id)
+            tap.delivered(upstream.status, exchange.request_id)
         for hook in addons.forwarded:
-            hook(flow)
+            hook(exchange)
         response_headers = client_headers(upstream)
         response_headers.update(verdict.headers)
         if upstream.status == 200 and upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
@@ -173,9 +173,9 @@ async def _inspected(request: web.Request, flow: Flow, addons: Addons) -> web.St
             response = await _relay_stream(request, upstream, response_headers, dialect, guard,
                                            tap if _encoding(upstream.headers) == "identity" else None)
             if addons.response:
-                _answered(flow, addons, 200, tap.streamed_summary(dialect.tokens) if tap is not None else None)
+                _answered(exchange, addons, 200, tap.streamed_summary(dialect.tokens) if tap is not None else None)
             return response
-        return await _whole_answer(request, flow, addons, upstream, response_headers)
+        return await _whole_answer(request, exchange, addons, upstream, response_headers)
     finally:
         upstream.release()
 
@@ -205,10 +205,10 @@ async def _parsed_body(request: web.Request, dialect: Dialect) -> Parsed | web.R
     return parsed
 
 
-async def _whole_answer(request: web.Request, flow: Flow, addons: Addons, upstream: UpstreamResponse,
+async def _whole_answer(request: web.Request, exchange: Exchange, addons: Addons, upstream: UpstreamResponse,
                         response_headers: dict) -> web.StreamResponse:
     """A non-streamed answer: relayed once read (the tap given it), or, too large to inspect, as it comes."""
-    verdict = flow.verdict
+    verdict = exchange.verdict
     tap = verdict.tap
     try:
         body = await _answer(upstream)
@@ -220,7 +220,7 @@ async def _whole_answer(request: web.Request, flow: Flow, addons: Addons, upstre
         _uninspected(request, verdict, "")
         return await _relay_body(request, upstream, response_headers, body)
     if upstream.status != 200:
-        _answered(flow, addons, upstream.status)
+        _answered(exchange, addons, upstream.status)
         return _upstream_error(upstream.status, body, response_headers)
     readable = _decoded(body, _encoding(upstream.headers), INSPECTED_ANSWER_BYTES)
     if readable is not None and len(readable) > INSPECTED_ANSWER_BYTES:  # compressed, and too large unpacked
@@ -238,7 +238,7 @@ async def _whole_answer(request: web.Request, flow: Flow, addons: Addons, upstre
         elif tap is not None:  # the answer goes out first; the engine reads it on the loop's next turn
             asyncio.get_running_loop().call_soon(tap.complete, answer)
         if addons.response:
-            _answered(flow, addons, 200, flow.dialect.summary(answer) if isinstance(answer, dict) else None)
+            _answered(exchange, addons, 200, exchange.dialect.summary(answer) if isinstance(answer, dict) else None)
     return web.Response(status=200, body=body, headers=response_headers)
 
 

@@ -1,8 +1,8 @@
-"""One watched request as a flow, and the add-ons that watch it.
+"""The add-ons of a watched request: what only watches its exchange with the upstream.
 
 The handler moves the bytes and asks the guard; everything that only watches a request (tracing, the
 metrics of its timing, the judge started once it is forwarded) is an add-on with the hooks it needs, called in
-turn at each point of the flow. An add-on never changes what the client gets, and a hook it does not define
+turn at each point of the exchange. An add-on never changes what the client gets, and a hook it does not define
 costs nothing: each point calls only the add-ons that define it.
 """
 
@@ -20,7 +20,7 @@ HOOKS = ("started", "request", "forwarded", "response", "error", "done")
 
 
 @dataclass(slots=True)
-class Flow:
+class Exchange:
     """What one watched request has come to so far, as the add-ons read it."""
 
     headers: Mapping[str, str]
@@ -50,7 +50,7 @@ class Addon:
 
 
 class Addons:
-    """The add-ons in use, each point of the flow calling the ones that define its hook."""
+    """The add-ons in use, each point of the exchange calling the ones that define its hook."""
 
     def __init__(self, addons: list[Addon]) -> None:
         self.addons = addons
@@ -64,20 +64,20 @@ class TracingAddon(Addon):
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
 
-    def started(self, flow: Flow) -> None:
-        flow.span = self.telemetry.start(flow.headers, flow.dialect)
+    def started(self, exchange: Exchange) -> None:
+        exchange.span = self.telemetry.start(exchange.headers, exchange.dialect)
 
-    def request(self, flow: Flow) -> None:
-        Telemetry.request(flow.span, flow.payload, flow.dialect, flow.raw_path)
+    def request(self, exchange: Exchange) -> None:
+        Telemetry.request(exchange.span, exchange.payload, exchange.dialect, exchange.raw_path)
 
-    def response(self, flow: Flow) -> None:
-        Telemetry.answered(flow.span, flow.answer_headers, flow.request_id, flow.status, flow.summary)
+    def response(self, exchange: Exchange) -> None:
+        Telemetry.answered(exchange.span, exchange.answer_headers, exchange.request_id, exchange.status, exchange.summary)
 
-    def error(self, flow: Flow, exc: BaseException) -> None:
-        flow.span.record_exception(exc)
+    def error(self, exchange: Exchange, exc: BaseException) -> None:
+        exchange.span.record_exception(exc)
 
-    def done(self, flow: Flow) -> None:
-        flow.span.end()
+    def done(self, exchange: Exchange) -> None:
+        exchange.span.end()
 
 
 class TimingAddon(Addon):
@@ -86,9 +86,9 @@ class TimingAddon(Addon):
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
-    def forwarded(self, flow: Flow) -> None:
-        self.metrics.overhead.observe(flow.sent - flow.began)
-        self.metrics.upstream_latency.observe(time.perf_counter() - flow.sent)
+    def forwarded(self, exchange: Exchange) -> None:
+        self.metrics.overhead.observe(exchange.sent - exchange.began)
+        self.metrics.upstream_latency.observe(time.perf_counter() - exchange.sent)
 
 
 class JudgeAddon(Addon):
@@ -98,6 +98,6 @@ class JudgeAddon(Addon):
     def __init__(self, judges) -> None:
         self.judges = judges
 
-    def forwarded(self, flow: Flow) -> None:
-        if flow.verdict.judge is not None:
-            self.judges.start(flow.verdict.judge, flow.dialect)
+    def forwarded(self, exchange: Exchange) -> None:
+        if exchange.verdict.judge is not None:
+            self.judges.start(exchange.verdict.judge, exchange.dialect)
