@@ -791,6 +791,16 @@ def test_the_same_negative_answer_to_different_lookups_four_times_in_a_row_is_to
     assert (found.type, found.detail["repeats"], found.detail["error"]) == ("tool_error", 4, "No more results.")
 
 
+def test_a_negative_answer_told_by_its_end_is_one_whatever_its_first_sentence():
+    # The answer is negative by its end; it is told by its first sentence, which alone says too little to be an
+    # error of its own: it is still the same negative answer, four different calls in a row.
+    clicks = [step("click", {"index": i}, f"Page scrolled. Element with index {i} not found")
+              for i in (1260, 1261, 1262, 1263)]
+    assert kinds(conversation(user("Order the iPad."), *clicks[:3]), LADDER_OF_THREE) == []
+    (found,) = eps(conversation(user("Order the iPad."), *clicks), LADDER_OF_THREE)
+    assert (found.type, found.detail["repeats"]) == ("tool_error", 4)
+
+
 def test_searches_that_echo_their_query_in_the_same_failure_are_one_error():
     # The ReAct HotPotQA agent rewording one search; each answer echoes the query and suggests other titles.
     queries = ["famous bhavageete by Arun Date", "famous bhavageete by Arun Date in India",

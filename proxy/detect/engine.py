@@ -228,18 +228,17 @@ def _call(name: str, arguments: str, outcome: tuple[str, bool] | None) -> Call:
     if outcome is None or is_unchanged_read(outcome[0]):  # unknown, or the same as the read before
         return Call(name, arguments)
     text, marked = outcome
-    error = None
-    if marked or is_error_form(text):
-        error = error_text(without_echo(mask(text), arguments))
-    return Call(name, arguments, text, error)
+    if not (marked or is_error_form(text)):
+        return Call(name, arguments, text)
+    masked = without_echo(mask(text), arguments)
+    if is_negative_answer(masked):  # told by its first sentence: the suggestions after it change each search
+        return Call(name, arguments, text, first_sentence(masked), negative=True)
+    return Call(name, arguments, text, error_text(masked))
 
 
 def error_text(masked: str) -> str:
     """What identifies an error: its start and its end (a traceback's exception and a test run's summary
-    come last; two different failures often share a long start); of a short negative answer, its first
-    sentence (`Could not find [x].`: the suggestions after it change with each search)."""
-    if is_negative_answer(masked):
-        return first_sentence(masked)
+    come last; two different failures often share a long start)."""
     return masked if len(masked) <= 500 else f"{masked[:250]} … {masked[-250:]}"
 
 

@@ -6,7 +6,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from proxy.detect.normalize import digest, is_negative_answer, mask
+from proxy.detect.normalize import digest, mask
 
 MAX_CYCLE = 8
 # Cycles longer than this need one round fewer: 4 rounds of a 6-call cycle are 24 calls of the same thing.
@@ -53,12 +53,13 @@ class Call:
 
     __slots__ = ("key", "name", "arguments", "error", "negative", "_raw", "_result", "_excerpt")
 
-    def __init__(self, name: str, arguments: str, raw_result: str | None = None, error: str | None = None) -> None:
+    def __init__(self, name: str, arguments: str, raw_result: str | None = None, error: str | None = None,
+                 negative: bool = False) -> None:
         self.key = f"{name}\x00{arguments}"
         self.name = name
         self.arguments = arguments  # canonical arguments
         self.error = error  # the masked error text when the result is an error
-        self.negative = error is not None and is_negative_answer(error)  # it only says nothing was found
+        self.negative = negative  # the error is a short answer that only says nothing was found
         self._raw = raw_result
         self._result: bytes | None = None
         self._excerpt = ""
