@@ -9,14 +9,12 @@ costs nothing: each point calls only the add-ons that define it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from proxy.server.metrics import Metrics
 from proxy.server.telemetry import Telemetry
 from proxy.wire.dialect import Dialect, Summary
-
-HOOKS = ("started", "request", "forwarded", "response", "error", "done")
 
 
 @dataclass(slots=True)
@@ -26,7 +24,7 @@ class Exchange:
     headers: Mapping[str, str]
     dialect: Dialect
     raw_path: str
-    began: float = field(default_factory=time.perf_counter)
+    began: float = 0.0  # when its body was read
     payload: dict | None = None  # the request's body, once read
     verdict: Any = None  # the guard's Stop or Forward
     sent: float | None = None  # when it went upstream
@@ -37,8 +35,9 @@ class Exchange:
 
     @property
     def answer_headers(self) -> Mapping[str, str]:
-        """The headers the proxy adds to the answer (the session, the episode)."""
-        return getattr(self.verdict, "headers", None) or {}
+        """The headers the proxy adds to the answer (the session, the episode), once the guard has given its
+        verdict."""
+        return self.verdict.headers
 
 
 class Addon:
@@ -53,9 +52,11 @@ class Addons:
     """The add-ons in use, each point of the exchange calling the ones that define its hook."""
 
     def __init__(self, addons: list[Addon]) -> None:
-        self.addons = addons
-        for hook in HOOKS:
-            setattr(self, hook, tuple(getattr(addon, hook) for addon in addons if hasattr(addon, hook)))
+        def hooked(name: str) -> tuple:
+            return tuple(getattr(addon, name) for addon in addons if hasattr(addon, name))
+
+        self.started, self.request, self.forwarded = hooked("started"), hooked("request"), hooked("forwarded")
+        self.response, self.error, self.done = hooked("response"), hooked("error"), hooked("done")
 
 
 class TracingAddon(Addon):

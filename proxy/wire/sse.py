@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import NamedTuple
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
@@ -156,8 +155,7 @@ def _last_event_end(data: bytes) -> int:
     return end
 
 
-@dataclass(frozen=True, slots=True)
-class Passing:
+class Passing(NamedTuple):
     """What one read of an upstream stream comes to: the bytes that go to the client now; whether the stream
     ends with them (cut: read no more of it); whether an answer the service keeps was kept with this read, to be
     written before these bytes go out (a chained request may follow the moment the client has them)."""
