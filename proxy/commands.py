@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 from proxy import compiled
 from proxy.config import FIELDS, SECRETS, Settings
 from proxy.detect.engine import DetectConfig
+from proxy.detect.evidence import from_logged
 from proxy.loops import loop_name
 from proxy.replay import read_records, replay as replay_one, summary
 from proxy.store import queries
@@ -83,18 +84,9 @@ def _episode(item: dict) -> str:
 
 
 def _summary(item: dict) -> str:
-    detail = item["detail"] or {}
-    if "repeated" in detail:
-        text = f'"{detail["repeated"]}"'
-        if detail.get("channel"):  # a chant in the model's reasoning
-            return f"[{detail['channel']}] " + (text if len(text) <= 48 else text[:47] + "…")
-    elif "cycle" in detail:
-        text = " → ".join(detail["cycle"])
-    elif "tool" in detail:
-        text = f"{detail['tool']} {detail.get('arguments', '')}"
-    else:
-        text = detail.get("analysis", "")
-    return text if len(text) <= 60 else text[:59] + "…"
+    """An episode's evidence in one short line (none for a detail this version cannot read)."""
+    evidence = from_logged(item["type"], item["detail"])
+    return evidence.line() if evidence is not None else ""
 
 
 async def _stats(engine, args, since) -> str:
@@ -236,7 +228,7 @@ def replay(args, settings) -> tuple[str, bool]:
                       "errors": errors, "summary": overview}), failed
     if args.format == "csv":
         rows = [{"source": r.source, **{k: e[k] for k in ("turn", "type", "action", "episode", "episode_limit")},
-                 "evidence": _summary({"detail": e["detail"]})} for r in results for e in r.episodes]
+                 "evidence": _summary(e)} for r in results for e in r.episodes]
         return _csv(["source", "turn", "type", "action", "episode", "episode_limit", "evidence"], rows), failed
     lines = []
     for result in results:
@@ -244,7 +236,7 @@ def replay(args, settings) -> tuple[str, bool]:
                      f"{len(result.episodes) or 'no'} episode{'s' if len(result.episodes) != 1 else ''}")
         for e in result.episodes:
             lines.append(f"  turn {e['turn']:<4} {e['action']:<8} {e['type']:<10} {_episode(e):<5} "
-                         f"{_summary({'detail': e['detail']})}")
+                         f"{_summary(e)}")
     for error in errors:
         lines.append(f"{error['source']}: skipped, {error['message']}")
     lines.append(f"\n{overview['conversations']} conversations ({overview['unreadable']} unreadable records "

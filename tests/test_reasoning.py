@@ -313,6 +313,6 @@ def test_only_an_unsigned_thinking_block_is_left_out_of_a_messages_request():
 
 
 def test_the_cli_shows_the_channel():
-    assert _summary({"detail": {"repeated": "Wait, let me", "occurrences": 10, "channel": "reasoning"}}) == \
-        '[reasoning] "Wait, let me"'
-    assert _summary({"detail": {"repeated": "Wait, let me", "occurrences": 10}}) == '"Wait, let me"'
+    chant = {"repeated": "Wait, let me", "occurrences": 10}
+    assert _summary({"type": "content", "detail": {**chant, "channel": "reasoning"}}) == '[reasoning] "Wait, let me"'
+    assert _summary({"type": "content", "detail": chant}) == '"Wait, let me"'

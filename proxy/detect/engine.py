@@ -17,6 +17,8 @@ from typing import Sequence
 
 from proxy.detect.actions import Action
 from proxy.detect.content import Chant, ContentTracker
+from proxy.detect.evidence import (REASONING, Chanting, Cycle, Evidence, RepeatedCall, RepeatedError, RepeatedReply,
+                                   Verdict)
 from proxy.detect.judge_policy import JudgeCheck
 from proxy.detect.normalize import (canonical_arguments, digest, excerpt, first_sentence, is_error_form,
                                    is_negative_answer, is_unchanged_read, mask, without_echo)
@@ -112,7 +114,7 @@ class Finding:
     message_index: int
     place: int
     turn: int
-    trips: list[tuple[str, dict]]
+    trips: list[Evidence]
     was_cut: bool = False  # the message carries the cut notice: the proxy cut it, and logged it then
     step: int = 0  # the step within the message: a call of several in one message, a DSPy trajectory's step
 
@@ -125,8 +127,7 @@ class Finding:
 class Episode:
     number: int
     limit: int  # MAX_WARNINGS: episodes beyond it are the stop
-    type: str
-    detail: dict
+    evidence: Evidence
     message_index: int
     place: int
     turn: int
@@ -136,6 +137,15 @@ class Episode:
     @property
     def is_stop(self) -> bool:
         return self.number > self.limit
+
+    @property
+    def type(self) -> str:
+        return self.evidence.type
+
+    @property
+    def detail(self) -> dict:
+        """The evidence as the log records it."""
+        return self.evidence.logged()
 
 
 @dataclass
@@ -365,25 +375,22 @@ def _repeats_opener(state: "TaskState", messages: list[Message], j: int, reset_a
     return len(form) >= _NUMBERS_ASIDE_FROM and digest(form) == before[2]
 
 
-def _tool_detail(found: ToolFinding) -> dict:
+def _tool_evidence(found: ToolFinding) -> Evidence:
     first = found.calls[-1] if found.type != "tool_cycle" else found.calls[0]
-    detail: dict = {"tool": first.name, "arguments": excerpt(first.arguments), "repeats": found.repeats}
+    call = {"tool": first.name, "arguments": excerpt(first.arguments), "repeats": found.repeats,
+            "result": excerpt(_readable(first.result_excerpt), 120) if first.result_excerpt else None}
     if found.type == "tool_cycle":
-        detail["cycle"] = [c.name for c in found.calls]
-        detail["cycle_arguments"] = [excerpt(c.arguments, 60) for c in found.calls]
-        if not found.same_result:
-            detail["same_result"] = False
-    elif found.type == "tool_error":
+        return Cycle(**call, cycle=tuple(c.name for c in found.calls),
+                     cycle_arguments=tuple(excerpt(c.arguments, 60) for c in found.calls),
+                     same_result=found.same_result)
+    if found.type == "tool_error":
         error = " ".join(_readable(first.error or "").split())
         # Its start and its end: where a traceback's exception and a test run's summary are.
-        detail["error"] = error if len(error) <= 200 else f"{error[:80]} … {error[-115:]}"
-        if len({c.key for c in found.calls}) > 1:  # one error answering different calls
-            detail["calls"] = [{"tool": c.name, "arguments": excerpt(c.arguments, 60)} for c in found.calls]
-    else:
-        detail["same_result"] = found.same_result
-    if first.result_excerpt:
-        detail["result"] = excerpt(_readable(first.result_excerpt), 120)
-    return detail
+        error = error if len(error) <= 200 else f"{error[:80]} … {error[-115:]}"
+        differed = len({c.key for c in found.calls}) > 1  # one error answering different calls
+        return RepeatedError(**call, error=error, calls=tuple((c.name, excerpt(c.arguments, 60))
+                                                              for c in found.calls) if differed else ())
+    return RepeatedCall(**call, same_result=found.same_result)
 
 
 def _readable(masked: str) -> str:
@@ -392,16 +399,12 @@ def _readable(masked: str) -> str:
     return masked.replace("\x00", "…").replace("\x01", "…")
 
 
-REASONING = "reasoning"  # the channel of a model's reasoning (the answer is the other)
 # The cut notice of a chant completed inside the reasoning (the answer holds only the notice): its count.
 _REASONING_CUT = re.compile(re.escape(CUT_NOTICE_PREFIX) + r" the same text repeated (\d+) times in the reasoning\.")
 
 
-def chant_detail(chant, channel: str | None = None) -> dict:
-    detail = {"repeated": excerpt(chant.repeated, 200), "occurrences": chant.occurrences}
-    if channel == REASONING:
-        detail["channel"] = REASONING
-    return detail
+def chanting(chant: Chant, channel: str | None = None) -> Chanting:
+    return Chanting(excerpt(chant.repeated, 200), chant.occurrences, REASONING if channel == REASONING else None)
 
 
 def reasoning_cut(text: str) -> Chant | None:
@@ -411,11 +414,11 @@ def reasoning_cut(text: str) -> Chant | None:
     return Chant("", int(found.group(1))) if found else None
 
 
-def choose_trip(trips: list[tuple[str, dict]], previous_type: str | None) -> tuple[str, dict]:
+def choose_trip(trips: list[Evidence], previous_type: str | None) -> Evidence:
     """The rule an episode is named after: the one the task's previous episode named, when this message trips
     it too (a loop warned as tool_error stops as tool_error); else the first in SPEC's order."""
     for trip in trips:
-        if trip[0] == previous_type:
+        if trip.type == previous_type:
             return trip
     return trips[0]
 
@@ -438,7 +441,7 @@ class Turn:
         self._text_ended = False
         self._chant_told = False  # the chant went into a step's finding already
         self._last_step = step  # the step the turn's end belongs to
-        self.replied: dict | None = None  # the `reply` rule's detail, when this turn repeats the replies before it
+        self.replied: RepeatedReply | None = None  # when this turn repeats the replies before it
 
     def reply(self, text: str | None) -> None:
         """The turn's reply when it took no action (None: it acted, or said nothing of its own): the same reply
@@ -452,7 +455,7 @@ class Turn:
         state.replies = state.replies + 1 if key == state.reply else 1
         state.reply = key
         if state.replies >= self.config.tool_threshold(self.turn):
-            self.replied = {"reply": excerpt(text, 200), "repeats": state.replies}
+            self.replied = RepeatedReply(excerpt(text, 200), state.replies)
 
     def text(self, piece: str, channel: str | None = None) -> bool:
         """Feed text (`channel` REASONING for the model's reasoning: the turn's reasoning and its answer are one
@@ -463,8 +466,8 @@ class Turn:
             return self.chant is not None
         return False
 
-    def chant_detail(self) -> dict:
-        return chant_detail(self.chant, self.channel)
+    def chanting(self) -> Chanting:
+        return chanting(self.chant, self.channel)
 
     def cut_in_reasoning(self, chant: Chant) -> None:
         """The proxy cut this turn inside its reasoning (its notice says so): the chant counts as found."""
@@ -512,13 +515,13 @@ class Turn:
 
     def _found(self, place: int, was_cut: bool, step: int) -> Finding | None:
         """What the step ending here tripped, as a finding; the turn's trips are spent."""
-        trips = [(kind, _tool_detail(self.tool_found[kind])) for kind in TYPES if kind in self.tool_found]
+        trips = [_tool_evidence(self.tool_found[kind]) for kind in TYPES if kind in self.tool_found]
         self.tool_found = {}
         if self.replied is not None:
-            trips.append(("reply", self.replied))
+            trips.append(self.replied)
             self.replied = None
         if self.chant is not None and not self._chant_told:
-            trips.append(("content", self.chant_detail()))
+            trips.append(self.chanting())
             self._chant_told = True
         if not trips:
             return None
@@ -731,16 +734,15 @@ def analyze(config: DetectConfig, messages: list[Message], reset_at: int = 0,
     return state, cache
 
 
-def allowed_trips(finding: Finding, plan_mode: bool) -> list[tuple[str, dict]]:
+def allowed_trips(finding: Finding, plan_mode: bool) -> list[Evidence]:
     """The rules a finding tripped that count for this request (plan mode leaves the content rule out)."""
-    return [t for t in finding.trips if not (plan_mode and t[0] == "content")]
+    return [t for t in finding.trips if not (plan_mode and t.type == "content")]
 
 
-def episode_of(config: DetectConfig, number: int, finding: Finding, trips: list[tuple[str, dict]],
+def episode_of(config: DetectConfig, number: int, finding: Finding, trips: list[Evidence],
                previous_type: str | None) -> Episode:
     """A finding as the task's episode `number`: the fold and the live stream watcher number them alike."""
-    kind, detail = choose_trip(trips, previous_type)
-    return Episode(number, config.max_warnings, kind, detail, finding.message_index, finding.place, finding.turn,
+    return Episode(number, config.max_warnings, choose_trip(trips, previous_type), finding.message_index, finding.place, finding.turn,
                    finding.was_cut, finding.step)
 
 
@@ -751,7 +753,7 @@ class UnseenChant:
 
     task: str
     turn: int  # the task's assistant turn, from 1
-    detail: dict
+    chanting: Chanting
 
 
 def episodes(config: DetectConfig, state: TaskState, *, plan_mode: bool = False,
@@ -760,19 +762,18 @@ def episodes(config: DetectConfig, state: TaskState, *, plan_mode: bool = False,
     named after its first allowed rule."""
     if not (state.findings or unseen or judge_checks):
         return []  # most requests: nothing to number
-    trips_at: dict[tuple[int, int], tuple[Finding, list[tuple[str, dict]]]] = {}
+    trips_at: dict[tuple[int, int], tuple[Finding, list[Evidence]]] = {}
     for finding in state.findings:
         trips = allowed_trips(finding, plan_mode)
         if trips:
             trips_at[finding.position] = (finding, trips)
     for chant in unseen:
         if chant.task == state.key and not plan_mode and 0 < chant.turn <= len(state.turn_places):
-            _add_trip(trips_at, state, chant.turn - 1, ("content", chant.detail))
+            _add_trip(trips_at, state, chant.turn - 1, chant.chanting)
     for check in judge_checks:
         # The verdict is about the turns it saw; it counts on the next turn after them.
         if check.task == state.key and check.is_loop(config.judge_confirm) and check.turn < len(state.turn_places):
-            detail = {"confidence": check.confidence, "analysis": excerpt(check.analysis, 300)}
-            _add_trip(trips_at, state, check.turn, ("llm", detail))
+            _add_trip(trips_at, state, check.turn, Verdict(check.confidence, excerpt(check.analysis, 300)))
     result: list[Episode] = []
     for number, index in enumerate(sorted(trips_at), start=1):
         finding, trips = trips_at[index]
@@ -780,7 +781,7 @@ def episodes(config: DetectConfig, state: TaskState, *, plan_mode: bool = False,
     return result
 
 
-def _add_trip(trips_at: dict, state: TaskState, turn_index: int, trip: tuple[str, dict]) -> None:
+def _add_trip(trips_at: dict, state: TaskState, turn_index: int, trip: Evidence) -> None:
     """A rule tripped outside the conversation the rules read (a judge's verdict, a chant in a whole answer's
     reasoning), at the task's turn `turn_index` (from 0): beside that step's own trips, in SPEC order, once
     per rule."""
@@ -788,9 +789,9 @@ def _add_trip(trips_at: dict, state: TaskState, turn_index: int, trip: tuple[str
     found = trips_at.get((index, step))
     if found is None:
         trips_at[index, step] = (Finding(index, place, turn_index + 1, [], step=step), [trip])
-    elif all(kind != trip[0] for kind, _ in found[1]):
+    elif all(each.type != trip.type for each in found[1]):
         found[1].append(trip)
-        found[1].sort(key=lambda each: TYPES.index(each[0]))
+        found[1].sort(key=lambda each: TYPES.index(each.type))
 
 
 class Decision:
@@ -830,7 +831,7 @@ def after_warning(messages: Sequence[Message], warning: Episode) -> tuple[int, b
     """Since the model was given this warning: how many turns it took, and whether any of them came back to the
     loop's calls (those of the message that completed it; for a cycle, of every turn of the cycle)."""
     looped: set[str] = set()
-    turns = max(1, len(warning.detail.get("cycle", ())))
+    turns = len(warning.evidence.cycle) if isinstance(warning.evidence, Cycle) else 1
     for index in range(min(warning.message_index, len(messages) - 1), -1, -1):
         message = messages[index]
         if message.role == ASSISTANT:
@@ -899,7 +900,7 @@ class ResponseWatcher:
             return None
         turn = self._turn
         finding = Finding(turn.message_index, turn.message_index + 1, turn.turn,
-                          [("content", turn.chant_detail())], was_cut=True)
+                          [turn.chanting()], was_cut=True)
         self.episode = episode_of(self.config, self.next_number, finding, finding.trips, None)
         return self.episode
 
@@ -919,7 +920,7 @@ class ResponseWatcher:
         task is named by its first turn's call id once it has one)."""
         state = self._turn.state  # this request's own copy of the task
         state.anchor(message)
-        return UnseenChant(state.key, episode.turn, episode.detail)
+        return UnseenChant(state.key, episode.turn, episode.evidence)
 
     def finish(self, message: Message) -> Episode | None:
         """The response is complete: its actions, native or written in text, count now, their results

@@ -12,7 +12,7 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
-from proxy.detect import texts
+from proxy.detect.evidence import from_logged
 from proxy.detect.actions import Action
 
 log = logging.getLogger("loopwarden.alerts")
@@ -30,9 +30,11 @@ def _slack(text: str) -> str:
 def alert_payload(record: dict, public_url: str | None, resume_url: str | None = None) -> dict:
     """What a hook receives for one logged episode (a detection record), with a line a chat app shows; a stop's
     carries the link that lets the session go on."""
-    detail = record["detail"]
-    evidence = texts.evidence(detail)
-    what = f"`{detail['tool']}`" if detail.get("tool") else record["type"]
+    detail = record["detail"] or {}
+    found = from_logged(record["type"], detail)
+    evidence = found.gist() if found is not None else ""
+    tool = getattr(found, "tool", None)
+    what = f"`{tool}`" if tool else record["type"]
     link = f"{public_url.rstrip('/')}/loopwarden/#open={quote(record['session_id'], safe='')}" if public_url else None
     episode = f"{record['episode']}/{record['episode_limit']}"
     observed = "" if record["enforced"] else " (observe mode: nothing changed)"

@@ -98,7 +98,7 @@ class EpisodeLog:
                                key)
         values = asdict(record)
         if context.span is not None:
-            Telemetry.episode(context.span, values)
+            Telemetry.episode(context.span, episode, action, context.enforced)
         if self.store is not None:
             self.store.writer.add_detection(values)
         elif self.alerts is not None:  # no log to follow: alert at once

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Mapping
 
-from proxy.detect.texts import evidence
+from proxy.detect.engine import Episode
 from proxy.wire.dialect import Summary
 
 
@@ -72,12 +72,12 @@ class Telemetry:
                 span.set_attribute(name, value)
 
     @staticmethod
-    def episode(span, record: dict) -> None:
+    def episode(span, episode: Episode, action: str, enforced: bool) -> None:
         """One event per loop episode served on this request."""
-        span.add_event("loopwarden.loop", {"loopwarden.type": record["type"], "loopwarden.action": record["action"],
-                                           "loopwarden.episode": f"{record['episode']}/{record['episode_limit']}",
-                                           "loopwarden.evidence": evidence(record["detail"])[:300],
-                                           "loopwarden.enforced": record["enforced"]})
+        span.add_event("loopwarden.loop", {"loopwarden.type": episode.type, "loopwarden.action": action,
+                                           "loopwarden.episode": f"{episode.number}/{episode.limit}",
+                                           "loopwarden.evidence": episode.evidence.gist()[:300],
+                                           "loopwarden.enforced": enforced})
 
     async def close(self) -> None:
         if self._provider is not None:

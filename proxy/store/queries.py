@@ -13,8 +13,9 @@ from sqlalchemy import and_, func, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.detect.actions import Action
-from proxy.detect.engine import TYPES, Episode
-from proxy.detect.texts import cut_notice, stop_text, warning_text
+from proxy.detect.engine import TYPES
+from proxy.detect.evidence import Chanting, from_logged
+from proxy.detect.texts import Told, cut_notice, stop_text, warning_text
 from proxy.store import clean, rollup
 from proxy.store.models import (CountBucket, Detection, JudgeCheckRow, OutcomeBucket, ResumeLink, SessionCount,
                                 SessionRow, TaskOutcome)
@@ -345,15 +346,15 @@ async def list_sessions(engine: AsyncEngine, since: datetime | None = None, tena
 def shown(row: Any) -> str:
     """What loopwarden said for this episode: the warning the model was given, the stop's message, or the
     cut's notice (rebuilt from the logged detail by the same functions that wrote them)."""
-    episode = Episode(row.episode, row.episode_limit, row.type, row.detail or {}, 0, 0, row.turn)
-    try:
-        if row.action == Action.STOPPED:
-            return stop_text(episode)
-        if row.action == Action.CUT:
-            return cut_notice(episode).strip()
-        return warning_text(episode)
-    except (KeyError, TypeError):  # a detail logged by an older version
+    evidence = from_logged(row.type, row.detail)
+    if evidence is None:  # a detail logged by an older version
         return ""
+    told = Told(row.episode, row.episode_limit, evidence)
+    if row.action == Action.STOPPED:
+        return stop_text(told)
+    if row.action == Action.CUT:
+        return cut_notice(told).strip() if isinstance(evidence, Chanting) else ""
+    return warning_text(told)
 
 
 async def resume_session(engine: AsyncEngine, session_id: str, tenant: str | None = None) -> list[dict]:
