@@ -3,8 +3,9 @@
 Headers, the parsed payload, its dialect and the stored facts (operator controls, judge verdicts, the
 conversation a chained request continues) go in; out comes either `Stop` (the answer to give instead of
 calling upstream) or `Forward` (the body to send, the headers to add to the answer, and the `Tap` that reads
-the upstream's answer on its way back and may cut it). Everything learned goes to an `EpisodeSink`; the
-answers the service keeps go to a `keep` callback. The aiohttp handler is a thin adapter around this.
+the upstream's answer on its way back and may cut it). The episodes a request serves go to the `EpisodeSink`
+it is inspected with (the server's tells them to the add-ons that log them); the answers the service keeps go
+to a `keep` callback. The aiohttp handler is a thin adapter around this.
 """
 
 from __future__ import annotations
@@ -156,7 +157,6 @@ class Context:
     model: str | None
     api: str
     enforced: bool = True
-    span: Any = None  # the request's trace span, when tracing is on
 
 
 class EpisodeSink(Protocol):
@@ -290,13 +290,12 @@ class Flow:
 class Inspector:
     """Per-process inspection state: what is remembered per session and the settings resolved per model."""
 
-    def __init__(self, settings: Settings, facts: Facts | None, sink: EpisodeSink, judging: bool = False,
+    def __init__(self, settings: Settings, facts: Facts | None, judging: bool = False,
                  keep: Callable[..., None] | None = None, is_judge: Callable[[Mapping[str, str]], bool] = None
                  ) -> None:
         self.settings = settings
         self.config = DetectConfig.from_settings(settings)
         self.facts = facts
-        self.sink = sink
         self.judging = judging  # a judge can be asked
         self.keep = keep  # records an answer the service keeps: keep(tenant, response_id, previous, conversation,
         #                   session, messages)
@@ -333,8 +332,9 @@ class Inspector:
     def known_message_counts(self) -> dict:
         return {key: memory.message_count for key, memory in self._sessions.items()}
 
-    def inspect(self, incoming: Incoming, span: Any = None) -> Stop | Forward:
-        """The verdict on one request. Raises the dialect's RequestError for a body it cannot read."""
+    def inspect(self, incoming: Incoming, sink: EpisodeSink) -> Stop | Forward:
+        """The verdict on one request; the episodes it serves, now and as its answer comes, go to `sink`.
+        Raises the dialect's RequestError for a body it cannot read."""
         if self.is_judge(incoming.headers):
             return Forward(incoming.raw)  # the judge's own request: not a session's turn
         flow = self._read(incoming)
@@ -349,21 +349,21 @@ class Inspector:
         decision = Decision(episodes(flow.config, state, plan_mode=flow.plan_mode, judge_checks=checks,
                                      unseen=flow.memory.unseen))
         context = Context(flow.tenant, flow.session_id, state.key, flow.model, incoming.dialect.name,
-                          not flow.observe, span)
+                          not flow.observe)
         stop = decision.stop
         if stop is not None:
             # A stop saves at least the request it refused (or, observed, would have refused).
-            self.sink.episode(context, stop, Action.STOPPED, None, len(flow.raw) // 4)
+            sink.episode(context, stop, Action.STOPPED, None, len(flow.raw) // 4)
             if not flow.observe:
                 return self._stop(flow, stop, state.key)
         inserted = self._render(flow, decision.warnings, stop)
         watcher = ResponseWatcher(flow.config, state, decision, len(flow.messages), flow.plan_mode,
                                   shared=state is fold.state)
-        warned = self._warned(flow, decision, context)
+        warned = self._warned(flow, decision, context, sink)
         keep = self._keeper(flow, inserted)
 
         def tap() -> Tap:  # made once the request is on its way; nothing it reads changes meanwhile
-            return Tap(incoming.dialect, self.sink, context, watcher, TapOrders(
+            return Tap(incoming.dialect, sink, context, watcher, TapOrders(
                 flow.dialect.max_output_tokens(flow.payload) or DEFAULT_COMPLETION_TOKENS, warned,
                 # After an observed would-be stop, the task logs nothing more.
                 decision.logged() if stop is None else [], keep, flow.settings.cut_notice, flow.observe,
@@ -465,7 +465,7 @@ class Inspector:
                 f"{warnings[-1].number}/{warnings[-1].limit} {warnings[-1].type}"
         return inserted
 
-    def _warned(self, flow: Flow, decision: Decision, context: Context) -> Episode | None:
+    def _warned(self, flow: Flow, decision: Decision, context: Context, sink: EpisodeSink) -> Episode | None:
         """The warning whose recovery the answer may show. Recovery is measured only on warnings the model was
         given, and is the last episode of its task: the model moved on when the loop's calls did not come back
         and it went on RECOVERY_TURNS turns, or (seen in the answer) it ended the task with an answer of its own."""
@@ -477,7 +477,7 @@ class Inspector:
             if returned:
                 return None
             if taken >= RECOVERY_TURNS:
-                self.sink.recovery(context, warned)
+                sink.recovery(context, warned)
         return warned
 
     def _keeper(self, flow: Flow, inserted: list[tuple[int, str, str]]

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from proxy.detect.actions import Action
+from proxy.detect.engine import Episode
+from proxy.detect.evidence import RepeatedCall
+from proxy.inspection import Context
 from proxy.server.addons import Addon, Addons, Exchange, JudgeAddon, TimingAddon
+from proxy.server.episodes import EpisodeLog
 from proxy.wire import OPENAI
 
 
@@ -56,3 +61,46 @@ def test_the_judge_starts_only_for_a_verdict_that_made_a_check_due_and_the_timin
             hook(exchange)
     assert started == [("check at turn 30", "chat")]
     assert observed["overhead"] == [0.25, 0.25] and all(latency >= 0 for latency in observed["upstream_latency"])
+
+
+class Writer:
+    def __init__(self) -> None:
+        self.detections: list[dict] = []
+        self.recoveries: list[dict] = []
+
+    def add_detection(self, values: dict) -> None:
+        self.detections.append(values)
+
+    def add_recovery(self, values: dict) -> None:
+        self.recoveries.append(values)
+
+
+class Span:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict]] = []
+
+    def add_event(self, name: str, attributes: dict) -> None:
+        self.events.append((name, attributes))
+
+
+def test_the_episode_log_records_each_episode_a_request_serves_once_with_its_trace_event():
+    writer = Writer()
+    log = EpisodeLog(SimpleNamespace(writer=writer))
+    addons = Addons([log])
+    exchange = Exchange({}, OPENAI, "/v1/chat/completions")
+    exchange.span = Span()
+    sink = addons.sink(exchange)
+    context = Context("tenant", "s1", "task", "gpt-test", "chat")
+    warning = Episode(1, 2, RepeatedCall("read_file", '{"path":"a"}', 3, None), 6, 7, 3)
+    sink.episode(context, warning, Action.WARNED, "req-1", 0)
+    sink.episode(context, warning, Action.WARNED, "req-2", 0)  # the same request resent: the same episode
+    sink.recovery(context, warning)
+    [row] = writer.detections
+    assert (row["session_id"], row["type"], row["action"], row["episode"], row["request_id"]) == \
+        ("s1", "tool_call", "warned", 1, "req-1")
+    assert row["detail"] == {"tool": "read_file", "arguments": '{"path":"a"}', "repeats": 3, "same_result": True,
+                             "api": "chat"}
+    assert writer.recoveries == [{"b_tenant": "tenant", "b_session_id": "s1", "b_task": "task", "b_episode": 1}]
+    assert exchange.span.events == [("loopwarden.loop", {
+        "loopwarden.type": "tool_call", "loopwarden.action": "warned", "loopwarden.episode": "1/2",
+        "loopwarden.evidence": '{"path":"a"}', "loopwarden.enforced": True})]

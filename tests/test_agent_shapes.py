@@ -115,10 +115,10 @@ class _Sink:
 def test_the_proxy_names_each_request_as_its_fingerprint_read_afresh_does():
     # The proxy reads a conversation's fingerprint once, then knows its later requests by their first messages
     # (up to the person's first prompt): every run of every agent, one after another through one process.
-    inspector = Inspector(build({}, environ={}), None, _Sink())
+    inspector = Inspector(build({}, environ={}), None)
     for run in sorted(path.stem for path in AGENTS.glob("*.jsonl")):
         for body in requests(run):
-            verdict = inspector.inspect(Incoming({}, orjson.dumps(body), body, ChatDialect()))
+            verdict = inspector.inspect(Incoming({}, orjson.dumps(body), body, ChatDialect()), _Sink())
             fresh = session_of({}, ChatDialect.read(body).messages, tenant_of(""))
             assert verdict.headers["X-Loopwarden-Session"] == fresh, run
 

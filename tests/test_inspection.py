@@ -49,8 +49,18 @@ class Sink:
         self.recovered.append(episode.number)
 
 
-def inspector(facts=None, sink=None, **settings) -> Inspector:
-    return Inspector(build(with_ladder_of_five(settings), environ={}), facts or Facts(), sink or Sink())
+class Inspecting:
+    """An inspector whose requests all tell their episodes to one sink (the server gives each its exchange's)."""
+
+    def __init__(self, inspector: Inspector, sink: Sink) -> None:
+        self.inspector, self.sink = inspector, sink
+
+    def inspect(self, check: Incoming):
+        return self.inspector.inspect(check, self.sink)
+
+
+def inspector(facts=None, sink=None, **settings) -> Inspecting:
+    return Inspecting(Inspector(build(with_ladder_of_five(settings), environ={}), facts or Facts()), sink or Sink())
 
 
 def looping(calls: int) -> list[dict]:

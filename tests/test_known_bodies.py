@@ -203,7 +203,7 @@ class Sink:
 def verdicts(name: str, bodies: list[bytes], shortcut: bool, slot=lambda headers, dialect, raw: "slot") -> list:
     dialect = DIALECTS[name][0]
     sink = Sink()
-    inspector = Inspector(build({}, environ={}), None, sink)
+    inspector = Inspector(build({}, environ={}), None)
     kept = KnownBodies()
     headers = {"Authorization": "Bearer k", "anthropic-version": "2023-06-01", "x-goog-api-key": "k"}
     out = []
@@ -213,7 +213,7 @@ def verdicts(name: str, bodies: list[bytes], shortcut: bool, slot=lambda headers
             assert parsed.previous is not None and parsed.reused == len(orjson.loads(bodies[number - 1])[
                 dialect.items_key])
         payload = parsed.payload if parsed is not None else orjson.loads(raw)
-        verdict = inspector.inspect(Incoming(headers, raw, payload, dialect, parsed=parsed))
+        verdict = inspector.inspect(Incoming(headers, raw, payload, dialect, parsed=parsed), sink)
         if isinstance(verdict, Stop):
             out.append(("stop", verdict.episode.type, verdict.body))
         else:

@@ -12,6 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from proxy.detect.actions import Action
+from proxy.detect.engine import Episode
+from proxy.inspection import Context
 from proxy.server.metrics import Metrics
 from proxy.server.telemetry import Telemetry
 from proxy.wire.dialect import Dialect, Summary
@@ -40,12 +43,25 @@ class Exchange:
         return self.verdict.headers
 
 
+@dataclass(frozen=True, slots=True)
+class Served:
+    """One episode served on a request: for whom, what the proxy did, and what it saved."""
+
+    context: Context
+    episode: Episode
+    action: Action
+    request_id: str | None
+    tokens_saved: int
+    served_by: str | None = None  # the response a cut ended, when its notice marks it as served there
+
+
 class Addon:
     """A part of the request path that only watches it. Hooks, each optional:
 
     `started` (the request has arrived), `request` (its body is read), `forwarded` (it went upstream and
     the upstream's head came back), `response` (what the client was answered), `error` (an exception left the
-    handler), `done` (always, last)."""
+    handler), `done` (always, last); and, whenever the request serves one, `episode` (a warning delivered, a
+    stop, a cut) and `recovery` (the model moved on from the warning it was given)."""
 
 
 class Addons:
@@ -57,6 +73,31 @@ class Addons:
 
         self.started, self.request, self.forwarded = hooked("started"), hooked("request"), hooked("forwarded")
         self.response, self.error, self.done = hooked("response"), hooked("error"), hooked("done")
+        self.episode, self.recovery = hooked("episode"), hooked("recovery")
+
+    def sink(self, exchange: Exchange) -> "ExchangeSink":
+        """Where the inspection step tells the episodes this exchange serves."""
+        return ExchangeSink(self, exchange)
+
+
+class ExchangeSink:
+    """The inspection step's EpisodeSink for one exchange: each episode it serves goes to the add-ons'
+    `episode` hooks, each recovery to their `recovery` hooks."""
+
+    __slots__ = ("addons", "exchange")
+
+    def __init__(self, addons: Addons, exchange: Exchange) -> None:
+        self.addons, self.exchange = addons, exchange
+
+    def episode(self, context: Context, episode: Episode, action: Action, request_id: str | None,
+                tokens_saved: int, served_by: str | None = None) -> None:
+        served = Served(context, episode, action, request_id, tokens_saved, served_by)
+        for hook in self.addons.episode:
+            hook(self.exchange, served)
+
+    def recovery(self, context: Context, episode: Episode) -> None:
+        for hook in self.addons.recovery:
+            hook(self.exchange, context, episode)
 
 
 class TracingAddon(Addon):

@@ -145,7 +145,8 @@ async def _inspected(request: web.Request, exchange: Exchange, addons: Addons) -
     try:
         verdict = guard.inspector.inspect(Incoming(request.headers, parsed.raw, payload, dialect, chain,
                                                    request.rel_url.raw_path, request.rel_url.query,
-                                                   f"{request.scheme}://{request.host}", parsed), exchange.span)
+                                                   f"{request.scheme}://{request.host}", parsed),
+                                          addons.sink(exchange))
     except RequestError as exc:
         return _refused(dialect, str(exc), "invalid_value")
     exchange.verdict = verdict
@@ -555,7 +556,7 @@ def create_app(settings: Settings) -> web.Application:
     app[GUARD] = guard
     app[TELEMETRY] = telemetry = Telemetry(os.environ)
     app[ADDONS] = Addons([*([TracingAddon(telemetry)] if telemetry.tracer is not None else []), TimingAddon(metrics),
-                          *([JudgeAddon(guard.judges)] if guard.judges is not None else [])])
+                          guard.episodes, *([JudgeAddon(guard.judges)] if guard.judges is not None else [])])
 
     async def client_context(app: web.Application) -> AsyncIterator[None]:
         app[CLIENT] = make_upstream_client(settings)

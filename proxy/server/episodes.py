@@ -1,6 +1,6 @@
-"""The episode sink: each episode served becomes one typed record, handed to the log writer, metrics and the
-request's trace; alerts follow the log's first insert of an episode, so "once per episode" holds across
-replicas and for a client re-sending a refused request."""
+"""The episode log, an add-on of each watched request: each episode it serves becomes one typed record, handed
+to the log writer, metrics and the request's trace; alerts follow the log's first insert of an episode, so
+"once per episode" holds across replicas and for a client re-sending a refused request."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from proxy.detect.engine import Episode
 from proxy.detect.normalize import digest
 from proxy.inspection import Context
 from proxy.lru import LRU
+from proxy.server.addons import Addon, Exchange, Served
 from proxy.server.telemetry import Telemetry
 from proxy.store.writer import utcnow
 
@@ -51,8 +52,8 @@ def episode_key(context: Context, episode: Episode, served_by: str | None = None
                   f"{episode.message_index}\x00{episode.step}\x00{served_by or ''}").hex()
 
 
-class EpisodeLog:
-    """Implements the inspection step's EpisodeSink. One record per episode served, and only one per process;
+class EpisodeLog(Addon):
+    """The add-on that logs the episodes a request serves: one record per episode, and only one per process;
     the log's unique key makes it one across processes."""
 
     def __init__(self, store=None, metrics=None, alerts=None) -> None:
@@ -82,9 +83,9 @@ class EpisodeLog:
         for record in records:
             self.alerts.episode(record)
 
-    def episode(self, context: Context, episode: Episode, action: Action, request_id: str | None,
-                tokens_saved: int, served_by: str | None = None) -> None:
-        key = episode_key(context, episode, served_by)
+    def episode(self, exchange: Exchange, served: Served) -> None:
+        context, episode, action = served.context, served.episode, served.action
+        key = episode_key(context, episode, served.served_by)
         if key in self._logged:
             return
         self._logged.put(key, True)
@@ -94,17 +95,17 @@ class EpisodeLog:
             self.metrics.detections.labels(episode.type, action, "enforce" if context.enforced else "observe").inc()
         record = EpisodeRecord(utcnow(), context.session_id, context.tenant, context.task, context.model,
                                episode.type, action, episode.number, episode.limit, episode.turn,
-                               {**episode.detail, "api": context.api}, request_id, tokens_saved, context.enforced,
-                               key)
+                               {**episode.detail, "api": context.api}, served.request_id, served.tokens_saved,
+                               context.enforced, key)
         values = asdict(record)
-        if context.span is not None:
-            Telemetry.episode(context.span, episode, action, context.enforced)
+        if exchange.span is not None:
+            Telemetry.episode(exchange.span, episode, action, context.enforced)
         if self.store is not None:
             self.store.writer.add_detection(values)
         elif self.alerts is not None:  # no log to follow: alert at once
             self.alerts.episode(values)
 
-    def recovery(self, context: Context, episode: Episode) -> None:
+    def recovery(self, exchange: Exchange, context: Context, episode: Episode) -> None:
         """The model answered a request carrying this warning without completing another episode."""
         key = "recovered:" + episode_key(context, episode)
         if key in self._logged:

@@ -110,9 +110,8 @@ class Guard:
         self.bodies = KnownBodies()  # each long conversation's last body: the next is parsed from where it differs
         judge = Judge(settings.judge_timeout, settings.judge_concurrency) \
             if settings.llm_check and store is not None else None
-        self.inspector = Inspector(settings, store, self.episodes,
-                                   judging=judge is not None, keep=self.chain.keep if store is not None else None,
-                                   is_judge=is_judge)
+        self.inspector = Inspector(settings, store, judging=judge is not None,
+                                   keep=self.chain.keep if store is not None else None, is_judge=is_judge)
         self.judges = JudgeScheduler(settings, judge, store, metrics, self.inspector.config.judge_confirm) \
             if judge is not None else None
         if self.alerts is not None:
