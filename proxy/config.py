@@ -48,18 +48,23 @@ class ConfigError(ValueError):
 
 
 def setting(default: Any, help: str, *, kind: type | None = None, choices: tuple[str, ...] = (),
-            minimum: int | None = None, maximum: float | None = None, secret: bool = False,
-            url: bool = False) -> Any:
+            minimum: int | None = None, maximum: float | None = None, secret: bool = False) -> Any:
     """A setting declared once: its default and help (`serve --help` adds the default and the variable), its
     type where the default does not say it (an unset number), the values it takes (`choices`, an integer's
-    `minimum`, a number's `maximum`), and whether it is a secret (never shown) or a URL (checked as one)."""
+    `minimum`, a number's `maximum`), and whether it is a secret (never shown)."""
     if kind is None:
         kind = str if default is None else frozenset if default is frozenset else type(default)
     metadata = {"help": help, "kind": kind, "choices": choices, "minimum": minimum, "maximum": maximum,
-                "secret": secret, "url": url}
+                "secret": secret, "url": False}
     if default is frozenset:
         return field(default_factory=frozenset, metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def url_setting(default: str | None, help: str) -> Any:
+    """A setting that is a URL: checked as one (http or https, a host; an upstream's a base, not an endpoint)."""
+    declared = setting(default, help)
+    return field(default=default, metadata={**declared.metadata, "url": True})
 
 
 MODES = ("enforce", "observe")
@@ -68,18 +73,16 @@ CENTURY = 36_500.0  # days a timedelta (and the database's dates) can hold with 
 
 @dataclass(frozen=True)
 class Settings:
-    upstream_url: str = setting("https://api.openai.com/v1", "base URL of the real OpenAI-compatible endpoint",
-                                url=True)
+    upstream_url: str = url_setting("https://api.openai.com/v1", "base URL of the real OpenAI-compatible endpoint")
     upstream_api_key: str | None = setting(None, "replaces the client's Authorization on upstream requests",
                                            secret=True)
-    anthropic_upstream_url: str = setting(
-        "https://api.anthropic.com", "base URL for Anthropic-dialect requests (/v1/messages, anthropic-version)",
-        url=True)
+    anthropic_upstream_url: str = url_setting(
+        "https://api.anthropic.com", "base URL for Anthropic-dialect requests (/v1/messages, anthropic-version)")
     anthropic_upstream_api_key: str | None = setting(
         None, "replaces the client's x-api-key / Authorization on Anthropic requests", secret=True)
-    gemini_upstream_url: str = setting(
+    gemini_upstream_url: str = url_setting(
         "https://generativelanguage.googleapis.com",
-        "root URL for Gemini-API requests (models/...:generateContent, x-goog-api-key)", url=True)
+        "root URL for Gemini-API requests (models/...:generateContent, x-goog-api-key)")
     gemini_upstream_api_key: str | None = setting(
         None, "replaces the client's x-goog-api-key / key on Gemini requests", secret=True)
     host: str = setting("127.0.0.1", "address to listen on")
@@ -98,7 +101,7 @@ class Settings:
     whitelisted_tools: frozenset[str] = setting(frozenset, "comma list of tools never counted as looping")
     llm_check: bool = setting(True, "ask a judge model whether a long task still progresses")
     llm_check_after_turns: int = setting(30, "assistant turns in a task before the first judge call", minimum=1)
-    judge_url: str | None = setting(None, "where the judge runs (unset: the upstream)", url=True)
+    judge_url: str | None = url_setting(None, "where the judge runs (unset: the upstream)")
     judge_model: str | None = setting(None, "the judge's model (unset: the request's model)")
     judge_api_key: str | None = setting(None, "the judge's key (unset: the client's key)", secret=True)
     judge_confirm_model: str | None = setting(None, "a second model that must agree before a judge verdict counts")
@@ -109,10 +112,9 @@ class Settings:
     max_body_bytes: int = setting(32 * 1024 * 1024, "larger request bodies get 413", minimum=1)
     cut_notice: bool = setting(True, "a cut stream's last text says why it stopped")
     mode: str = setting("enforce", "enforce, or observe: detect and log, change nothing", choices=MODES)
-    webhook_url: str | None = setting(None, "each stop (or each episode, see --webhook-events) is POSTed here",
-                                      url=True)
+    webhook_url: str | None = url_setting(None, "each stop (or each episode, see --webhook-events) is POSTed here")
     webhook_events: str = setting("stop", "stop, or all: warnings and cuts too", choices=("stop", "all"))
-    public_url: str | None = setting(None, "the address operators reach the proxy at, for alert links", url=True)
+    public_url: str | None = url_setting(None, "the address operators reach the proxy at, for alert links")
     detection_retention_days: float | None = setting(
         None, "delete detections older than this many days (unset: keep all)", kind=float, maximum=CENTURY)
     response_retention_days: float = setting(
