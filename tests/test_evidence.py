@@ -40,7 +40,7 @@ def test_the_logged_detail_keeps_the_keys_the_api_has_always_shown():
 
 
 @pytest.mark.parametrize("kind, detail", [
-    ("tool_call", {"tool": "t"}),  # no arguments, no count
+    ("tool_call", {"arguments": "{}", "repeats": 3}),  # no tool
     ("tool_error", {"tool": "t", "arguments": "{}", "repeats": "three", "error": "x"}),
     ("content", None),
     ("judge", {"analysis": "a rule this version does not know"}),

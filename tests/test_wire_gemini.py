@@ -110,3 +110,21 @@ def test_a_function_return_value_wrapped_in_result_is_read_as_its_text():
     # a return value with more in it than one text is read as JSON, as before
     payload["contents"][2]["parts"][0]["functionResponse"]["response"] = {"result": report, "took": 2}
     assert gemini.read(payload).messages[-1].text == orjson.dumps({"result": report, "took": 2}).decode()
+
+
+def test_the_gemini_dialect_decides_its_own_routes_request_by_request():
+    from proxy.wire import GEMINI, SERVED, watched_alias
+
+    assert GEMINI.route("POST", {"target": "gemini-2.5-pro:streamGenerateContent"}).inspect
+    assert GEMINI.route("GET", {"target": "gemini-2.5-pro:generateContent"}).relay is GEMINI  # not a call
+    assert GEMINI.route("POST", {"target": "gemini-2.5-pro:countTokens"}).relay is GEMINI
+    assert GEMINI.route("GET", {"target": "gemini-2.5-pro"}) == (False, None, None)  # its headers choose
+    assert GEMINI.route("GET", {"tail": "models"}).relay is GEMINI
+    assert "letters only" in GEMINI.route("POST", {"target": "g:generateContent;x"}).refused
+    assert [(r.method, r.path) for r in SERVED if r.dialect is GEMINI] == [
+        ("*", "/v1beta/models/{target}"), ("*", "/v1beta/tunedModels/{target}"),
+        ("*", "/v1/models/{target:[^/]*:[^/]*}"), ("*", "/v1/tunedModels/{target:[^/]*:[^/]*}"),
+        ("*", "/v1beta/{tail:.*}")]
+    assert watched_alias("/v1beta//models/g:generateContent") == "/v1beta/models/g:generateContent"
+    assert watched_alias("/v1beta//models/g:countTokens") is None
+    assert watched_alias("/v1//chat/completions") == "/v1/chat/completions"

@@ -187,8 +187,8 @@ def from_logged(kind: str, detail: dict | None) -> Evidence | None:
     detail = detail or {}
     try:
         if kind in ("tool_call", "tool_cycle", "tool_error"):
-            common = {"tool": str(detail["tool"]), "arguments": str(detail["arguments"]),
-                      "repeats": int(detail["repeats"]), "result": detail.get("result")}
+            common = {"tool": str(detail["tool"]), "arguments": str(detail.get("arguments", "")),
+                      "repeats": int(detail.get("repeats") or 0), "result": detail.get("result")}
             if kind == "tool_call":
                 return RepeatedCall(**common, same_result=bool(detail.get("same_result", True)))
             if kind == "tool_cycle":

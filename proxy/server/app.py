@@ -9,7 +9,6 @@ import re
 import time
 import zlib
 from typing import AsyncIterator
-from urllib.parse import unquote
 
 import aiohttp
 import orjson
@@ -36,7 +35,7 @@ from proxy.server.upstream import (
     upstream_headers,
 )
 from proxy.store.store import Store
-from proxy.wire import GEMINI, OPENAI, ROUTES, gemini_inspected, relay_dialect
+from proxy.wire import OPENAI, SERVED, relay_dialect, watched_alias
 from proxy.wire.dialect import Dialect, RequestError, Summary
 from proxy.wire.known import Parsed
 from proxy.wire.sse import MAX_EVENT_BYTES, WholeEvents
@@ -397,43 +396,19 @@ async def _relay_stream(request: web.Request, upstream: UpstreamResponse, header
     return response
 
 
-async def gemini(request: web.Request) -> web.StreamResponse:
-    """`…/models/{model}:{method}` and `…/tunedModels/{model}:{method}` under /v1beta/ or /v1/: generateContent
-    and streamGenerateContent are watched in the Gemini dialect, any other method (`countTokens`,
-    `embedContent`) relayed to its upstream. A method spelled with anything but letters
-    (`generateContent%3B`) is refused: the upstream may read it as a watched one."""
-    target = request.match_info["target"]
-    method = target.rpartition(":")[2] if ":" in target else ""
-    if method and not (method.isascii() and method.isalpha()):
-        return json_error(400, f"a Gemini method is letters only, got {method[:60]!r}", "invalid_request_error",
-                          "invalid_path")
-    if request.method == "POST" and gemini_inspected(target):
-        return await _GEMINI_HANDLER(request)
-    return await passthrough(request, GEMINI if ":" in request.match_info["target"] else None)
+def routed(dialect: Dialect):
+    """The handler of a dialect's own route, which decides request by request: inspected, relayed or refused."""
+    watched = inspected(dialect)
 
+    async def handler(request: web.Request) -> web.StreamResponse:
+        decided = dialect.route(request.method, request.match_info)
+        if decided.refused is not None:
+            return json_error(400, decided.refused, "invalid_request_error", "invalid_path")
+        if decided.inspect:
+            return await watched(request)
+        return await passthrough(request, decided.relay)
 
-_GEMINI_HANDLER = inspected(GEMINI)
-
-
-async def gemini_passthrough(request: web.Request) -> web.StreamResponse:
-    """Any other /v1beta/ path (the models list): the Gemini API's own."""
-    return await passthrough(request, GEMINI)
-
-
-GEMINI_MODELS = ("models", "tunedModels")  # the Gemini API's collections whose members generate content
-
-
-def inspected_alias(raw_path: str) -> str | None:
-    """The watched path that `raw_path` spells another way (`/v1//chat/completions`, a trailing slash,
-    `chat%2fcompletions`), if it is one."""
-    canonical = re.sub(r"/+", "/", unquote(raw_path)).rstrip("/")
-    if canonical == raw_path:
-        return None
-    if canonical in ROUTES:
-        return canonical
-    _, version, models, target = (canonical.split("/", 3) + ["", "", ""])[:4]
-    return canonical if version in ("v1", "v1beta") and models in GEMINI_MODELS and gemini_inspected(target) \
-        else None
+    return handler
 
 
 async def passthrough(request: web.Request, dialect: Dialect | None = None) -> web.StreamResponse:
@@ -444,7 +419,7 @@ async def passthrough(request: web.Request, dialect: Dialect | None = None) -> w
     if climbs(tail):
         return json_error(400, "the path may not leave /v1/: '.' and '..' segments, plain or encoded, are refused",
                           "invalid_request_error", "invalid_path")
-    canonical = inspected_alias(request.rel_url.raw_path)
+    canonical = watched_alias(request.rel_url.raw_path)
     if canonical is not None:  # relayed as it is, the conversation would go by unwatched
         return json_error(400, f"use the path {canonical}: another spelling of a watched path is refused",
                           "invalid_request_error", "invalid_path")
@@ -574,12 +549,9 @@ def create_app(settings: Settings) -> web.Application:
                                         web.get("/", healthz),  # clients probe the base URL (Claude Code: HEAD /)
                                         web.get("/metrics", metrics_page), *admin.routes(guard, settings.admin_token),
                                         *(resume.routes(guard) if guard.store is not None else ()),
-                                        *(web.post(path, inspected(dialect)) for path, dialect in ROUTES.items()),
-                                        *(web.route("*", f"/v1beta/{models}/{{target}}", gemini)
-                                          for models in GEMINI_MODELS),
-                                        *(web.route("*", f"/v1/{models}/{{target:[^/]*:[^/]*}}", gemini)
-                                          for models in GEMINI_MODELS),
-                                        web.route("*", "/v1beta/{tail:.*}", gemini_passthrough),
+                                        *(web.route(route.method, route.path, (routed if route.decides else
+                                                                               inspected)(route.dialect))
+                                          for route in SERVED),
                                         web.route("*", "/v1/{tail:.*}", passthrough)])
     route_the_rest(app.router, served(metrics, "unmatched", unrouted), expect_continue)
     return app

@@ -1,18 +1,20 @@
 """The wire formats: one module per API dialect, each implementing `dialect.Dialect`, and the SSE parser.
 
-`relay_dialect` picks the dialect (and so the upstream) of a request on a path that is relayed unread;
-`judge_route` where and how the judge asks about a session.
+`SERVED` lists every dialect's routes; `relay_dialect` picks the dialect (and so the upstream) of a request on
+a path that is relayed unread; `judge_route` where and how the judge asks about a session.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Mapping, NamedTuple
+from urllib.parse import unquote
 
 from yarl import URL
 
 from proxy.wire.chat import ChatDialect
 from proxy.wire.dialect import Dialect, join_url
-from proxy.wire.gemini import INSPECTED_METHODS, GeminiDialect
+from proxy.wire.gemini import GeminiDialect
 from proxy.wire.messages import MessagesDialect
 from proxy.wire.responses import ResponsesDialect
 
@@ -21,15 +23,33 @@ GEMINI = GeminiDialect()
 CLAIMING = (MessagesDialect(), GEMINI)
 OPENAI = ChatDialect()
 RECORDED = (MessagesDialect(), GEMINI, ResponsesDialect(), OPENAI)  # asked in order which wrote a recorded body
-# The inspected routes and the dialect each speaks.
+# The paths whose every request is inspected, and the dialect each speaks.
 ROUTES: dict[str, Dialect] = {"/v1/chat/completions": ChatDialect(), "/v1/responses": ResponsesDialect(),
                               "/v1/messages": MessagesDialect()}
+DECIDING = (GEMINI,)  # dialects with routes of their own, which decide request by request (`Dialect.route`)
 
 
-def gemini_inspected(target: str) -> bool:
-    """Whether `models/{target}` on a Gemini path (`gemini-2.5-pro:streamGenerateContent`) is a call whose
-    conversation is watched: the colon method tells it from OpenAI's `/v1/models/{id}`."""
-    return target.rpartition(":")[2] in INSPECTED_METHODS
+class Route(NamedTuple):
+    """A path the proxy serves for a dialect: every POST inspected, or (`decides`) each request as the
+    dialect's `route` says."""
+
+    method: str
+    path: str  # as aiohttp spells a route
+    dialect: Dialect
+    decides: bool
+
+
+SERVED = (*(Route("POST", path, dialect, False) for path, dialect in ROUTES.items()),
+          *(Route("*", path, dialect, True) for dialect in DECIDING for path in dialect.paths))
+
+
+def watched_alias(raw_path: str) -> str | None:
+    """The watched path that `raw_path` spells another way (`/v1//chat/completions`, a trailing slash,
+    `chat%2fcompletions`), if it is one: relayed as it is, its conversation would go by unwatched."""
+    canonical = re.sub(r"/+", "/", unquote(raw_path)).rstrip("/")
+    if canonical == raw_path:
+        return None
+    return canonical if canonical in ROUTES or any(dialect.watches(canonical) for dialect in DECIDING) else None
 
 
 def recorded_dialect(body: dict) -> Dialect | None:

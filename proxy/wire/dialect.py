@@ -80,6 +80,15 @@ class StreamAssembler(Protocol):
         """The last bytes of a stream ended by the stop (where `stop_is_cut` is false)."""
 
 
+class Routed(NamedTuple):
+    """What a dialect's own route does with one request: inspect it, relay it unread (to `relay`'s upstream;
+    None: the one its headers claim, else OpenAI's), or refuse it (`refused` says why)."""
+
+    inspect: bool = False
+    relay: "Dialect | None" = None
+    refused: str | None = None
+
+
 class Dialect(Protocol):
     name: str  # as detections record it (`detail.api`)
     items_key: str  # the top-level member whose list holds the conversation (`KnownBodies`)

@@ -21,12 +21,14 @@ from yarl import URL
 
 from proxy.conversation import ASSISTANT, SYSTEM, TOOL, USER, Anchor, Conversation, ItemReading, Message, \
     Messages, ToolCall, arguments_text, insert_placed, resume
-from proxy.wire.dialect import Credentials, DialectDefaults, JudgeCall, JudgeQuestion, RequestError, counted, join_url, \
-    positive_int, sse
+from proxy.wire.dialect import Credentials, DialectDefaults, JudgeCall, JudgeQuestion, RequestError, Routed, counted, \
+    join_url, positive_int, sse
 
 _REPLACED = frozenset({b"authorization", b"x-goog-api-key"})  # whichever auth the client used
 # The methods whose conversations are watched; the rest (`countTokens`, `embedContent`, ...) are relayed.
 INSPECTED_METHODS = ("generateContent", "streamGenerateContent")
+MODELS = ("models", "tunedModels")  # the API's collections whose members generate content
+VERSIONS = ("v1beta", "v1")
 # User text an agent wrote, not a person (Gemini CLI's own loop notice, the proxy's warnings): it starts no task.
 _AGENT_TEXT = ("System: ", "[loopwarden] ")
 # Google's status names for the HTTP statuses the proxy answers with itself.
@@ -133,6 +135,32 @@ class GeminiDialect(DialectDefaults):
     name = "gemini"
     items_key = "contents"
     provider = "gcp.gemini"
+    # Its own routes, each decided per request (`route`): a model's methods under /v1beta/ or /v1/ (under
+    # /v1/ only a `name:method` target, as OpenAI's /v1/models/{id} is the OpenAI upstream's), and any other
+    # /v1beta/ path (the models list), relayed.
+    paths = (*(f"/v1beta/{models}/{{target}}" for models in MODELS),
+             *(f"/v1/{models}/{{target:[^/]*:[^/]*}}" for models in MODELS), "/v1beta/{tail:.*}")
+
+    def route(self, method: str, match: Mapping[str, str]) -> Routed:
+        """generateContent and streamGenerateContent are watched, any other method (`countTokens`,
+        `embedContent`) relayed to this upstream; a target without a method to the upstream its headers claim.
+        A method spelled with anything but letters (`generateContent%3B`) is refused: the upstream may read it
+        as a watched one."""
+        target = match.get("target")
+        if target is None:
+            return Routed(relay=self)
+        verb = target.rpartition(":")[2] if ":" in target else ""
+        if verb and not (verb.isascii() and verb.isalpha()):
+            return Routed(refused=f"a Gemini method is letters only, got {verb[:60]!r}")
+        if method == "POST" and verb in INSPECTED_METHODS:
+            return Routed(inspect=True)
+        return Routed(relay=self if ":" in target else None)
+
+    @staticmethod
+    def watches(path: str) -> bool:
+        """Whether a path (slashes single, unquoted) is a watched call: `/v1beta/models/{model}:generateContent`."""
+        _, version, models, target = (path.split("/", 3) + ["", "", ""])[:4]
+        return version in VERSIONS and models in MODELS and target.rpartition(":")[2] in INSPECTED_METHODS
 
     @staticmethod
     def claims(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
