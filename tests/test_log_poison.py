@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 
 from proxy.store.database import create_engine
 from proxy.store.models import DeadLetter, Detection, SessionRow
-from proxy.store.writer import LogWriter, utcnow
+from proxy.store.writer import LogWriter, Pending, utcnow
 from tests.agent import Agent
 from tests.fake_upstream import Turn
 from tests.test_log_api import api, loop_until_stopped, wait_for
@@ -83,8 +83,8 @@ async def test_a_record_the_database_refuses_is_set_aside_and_the_rest_lands(dat
         # one detail the database driver cannot write (not JSON): the whole batch used to be retried forever
         values = detection(number, detail={"tool": "ls"})
         if number == 3:  # a detail the driver cannot write (not JSON), past the cleaning that would mend it
-            writer._add({"table": Detection, "values": {**values, "detail": {"bad": {1, 2}}},
-                         "episode": ("t1", "s3", "task", 1)})
+            writer._add(Pending(Detection, {**values, "detail": {"bad": {1, 2}}},
+                                ("t1", "s3", "task", 1)))
         else:
             writer.add_detection(values)
     await writer.flush()

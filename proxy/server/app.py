@@ -35,7 +35,7 @@ from proxy.server.upstream import (
     upstream_headers,
 )
 from proxy.store.store import Store
-from proxy.wire import OPENAI, SERVED, relay_dialect, watched_alias
+from proxy.wire import SERVED, relay_dialect, watched_alias
 from proxy.wire.dialect import Dialect, RequestError, Summary
 from proxy.wire.known import Parsed
 from proxy.wire.sse import MAX_EVENT_BYTES, WholeEvents
@@ -424,7 +424,7 @@ async def passthrough(request: web.Request, dialect: Dialect | None = None) -> w
         return json_error(400, f"use the path {canonical}: another spelling of a watched path is refused",
                           "invalid_request_error", "invalid_path")
     _check_length(request, settings.max_body_bytes)
-    dialect = relay_dialect(request.headers, request.rel_url.query, dialect or OPENAI)
+    dialect = relay_dialect(request.headers, request.rel_url.query, dialect)
     headers = upstream_headers(request, settings, dialect, inspected=False)
     data = _body(request, settings.max_body_bytes) if request.body_exists else None
     url = dialect.upstream_url(settings, request.rel_url.raw_path, request.rel_url.raw_query_string)

@@ -10,7 +10,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Any, Callable
 
 import orjson
 from sqlalchemy import bindparam, func, insert, update
@@ -40,6 +40,19 @@ def _refused_data(exc: Exception) -> bool:
     if isinstance(exc, (DataError, IntegrityError)):
         return True
     return isinstance(exc, StatementError) and not isinstance(exc, DBAPIError)  # refused before it was sent
+
+
+RECOVERY = "recovered"  # a mark set on a buffered or written episode's detections, not a table of its own
+
+
+@dataclass(slots=True)
+class Pending:
+    """One record waiting in the buffer: where it goes (a table's model, or RECOVERY), its column values as
+    the table holds them, and, for a detection, its episode (a recovery mark finds its rows by it)."""
+
+    table: Any
+    values: dict
+    episode: tuple | None = None
 
 
 @dataclass(slots=True)
@@ -88,7 +101,7 @@ class LogWriter:
         self._on_reject = on_reject
         self.written = 0
         self._lock = threading.Lock()  # the buffer is shared by the proxy's loop and the writer's thread
-        self._rows: deque[dict] = deque()  # detection and judge rows, each {"table": ..., "values": ...}
+        self._rows: deque[Pending] = deque()  # every record but a session's sighting
         self._sessions: dict[tuple[str, str], SessionSeen] = {}
         # Detections still in the buffer, by episode: a recovery mark for one is set on its rows.
         self._buffered_episodes: dict[tuple, list[dict]] = {}
@@ -116,6 +129,11 @@ class LogWriter:
             Detection.tenant == bindparam("b_tenant"), Detection.session_id == bindparam("b_session_id"),
             Detection.task == bindparam("b_task"), Detection.episode == bindparam("b_episode"),
         ).values(recovered=True)
+        # Where each kind of record goes, in the order a batch writes them (a detection's response and link
+        # first; its recovery mark after it).
+        self._statements = ((ResumeLink, self._insert_links), (ResponseRow, self._insert_responses),
+                            (Detection, self._insert_detections), (JudgeCheckRow, self._insert_checks),
+                            (RECOVERY, self._mark_recovered))
         upsert = dialect_insert(dialect, SessionRow)
         self._upsert_sessions = upsert.on_conflict_do_update(
             index_elements=["tenant", "session_id"],
@@ -135,17 +153,17 @@ class LogWriter:
     def add_detection(self, values: dict) -> None:
         clean.row(Detection, values)
         values.setdefault("recovered", False)  # every row of a batch has the same keys
-        episode = (values["tenant"], values["session_id"], values["task"], values["episode"])
-        self._add({"table": Detection, "values": values, "episode": episode})
+        self._add(Pending(Detection, values, (values["tenant"], values["session_id"], values["task"],
+                                              values["episode"])))
 
     def add_judge_check(self, values: dict) -> None:
-        self._add({"table": JudgeCheckRow, "values": clean.row(JudgeCheckRow, values)})
+        self._add(Pending(JudgeCheckRow, clean.row(JudgeCheckRow, values)))
 
     def add_response(self, values: dict) -> None:
-        self._add({"table": ResponseRow, "values": clean.row(ResponseRow, values)})
+        self._add(Pending(ResponseRow, clean.row(ResponseRow, values)))
 
     def add_resume_link(self, values: dict) -> None:
-        self._add({"table": ResumeLink, "values": clean.row(ResumeLink, values)})
+        self._add(Pending(ResumeLink, clean.row(ResumeLink, values)))
 
     def add_recovery(self, values: dict) -> None:
         """Mark a task's episode as answered by a model that moved on (b_tenant, b_session_id, b_task,
@@ -159,7 +177,7 @@ class LogWriter:
                 for row in buffered:
                     row["recovered"] = True
                 return
-        self._add({"table": "recovered", "values": values})
+        self._add(Pending(RECOVERY, values))
 
     def session_seen(self, tenant: str, session_id: str, message_count: int, model: str | None,
                      agent: str | None = None, title: str | None = None) -> None:
@@ -192,28 +210,28 @@ class LogWriter:
         elif full:
             self._poke()
 
-    def _add(self, row: dict) -> None:
+    def _add(self, row: Pending) -> None:
         with self._lock:
             dropped = len(self._rows) >= self.capacity
             if dropped:
                 self._unindex(self._rows.popleft())  # the oldest goes: the newest says most about now
             self._rows.append(row)
-            if "episode" in row:
-                self._buffered_episodes.setdefault(row["episode"], []).append(row["values"])
+            if row.episode is not None:
+                self._buffered_episodes.setdefault(row.episode, []).append(row.values)
             full = len(self._rows) >= BATCH
         if dropped:
             self._count_drop(1)
         if full:
             self._poke()
 
-    def _unindex(self, row: dict) -> None:
+    def _unindex(self, row: Pending) -> None:
         """A row leaves the buffer (for the database, or dropped): later marks are rows of their own. (Under
         the lock.)"""
-        buffered = self._buffered_episodes.get(row.get("episode"))
+        buffered = self._buffered_episodes.get(row.episode) if row.episode is not None else None
         if buffered is not None:
-            buffered[:] = [values for values in buffered if values is not row["values"]]
+            buffered[:] = [values for values in buffered if values is not row.values]
             if not buffered:
-                del self._buffered_episodes[row["episode"]]
+                del self._buffered_episodes[row.episode]
 
     def _poke(self) -> None:
         loop, wake = self._loop, self._wake
@@ -353,33 +371,28 @@ class LogWriter:
         log.debug("wrote %d log records and %d session sightings", len(rows), len(sessions))
         return len(rows) == BATCH or len(sessions) == BATCH
 
-    async def _write(self, rows: list[dict], sessions: list) -> None:
-        """Write records in one transaction, with the overview's counts."""
+    async def _write(self, rows: list[Pending], sessions: list) -> None:
+        """Write records in one transaction, with the overview's counts: each table's rows with its statement
+        (`_statements`, in their order), the detections first inserted counted."""
+        by_table: dict[Any, list[dict]] = {}
+        for row in rows:
+            by_table.setdefault(row.table, []).append(row.values)
+        inserted = []
         async with self.engine.begin() as connection:
-            detections = [r["values"] for r in rows if r["table"] is Detection]
-            checks = [r["values"] for r in rows if r["table"] is JudgeCheckRow]
-            recoveries = [r["values"] for r in rows if r["table"] == "recovered"]
-            responses = [r["values"] for r in rows if r["table"] is ResponseRow]
-            links = [r["values"] for r in rows if r["table"] is ResumeLink]
-            if links:
-                await connection.execute(self._insert_links, links)
-            if responses:
-                await connection.execute(self._insert_responses, responses)
-            inserted = []
-            if detections:
-                inserted = (await connection.execute(self._insert_detections, detections)).all()
-            if checks:
-                await connection.execute(self._insert_checks, checks)
-            if recoveries:
-                await connection.execute(self._mark_recovered, recoveries)
-            await rollup.record(connection, self._dialect, inserted, recoveries)
+            for table, statement in self._statements:
+                values = by_table.get(table)
+                if values:
+                    result = await connection.execute(statement, values)
+                    if table is Detection:
+                        inserted = result.all()
+            await rollup.record(connection, self._dialect, inserted, by_table.get(RECOVERY, []))
             if sessions:
                 await connection.execute(self._upsert_sessions, [seen.row() for _, seen in sessions])
         if inserted and self.on_inserted is not None:
             first = {row.episode_key for row in inserted}
-            self.on_inserted([values for values in detections if values["episode_key"] in first])
+            self.on_inserted([values for values in by_table[Detection] if values["episode_key"] in first])
 
-    async def _write_apart(self, rows: list[dict], sessions: list, cause: Exception) -> None:
+    async def _write_apart(self, rows: list[Pending], sessions: list, cause: Exception) -> None:
         """A refused batch, halved until each half is written or is one record, which is set aside."""
         if not rows and not sessions:
             return
@@ -389,8 +402,7 @@ class LogWriter:
             except Exception as exc:
                 if not _refused_data(exc) or not await ping(self.engine):
                     raise
-                await self._set_aside(rows[0] if rows else {"table": SessionRow, "values": sessions[0][1].row()},
-                                      exc)
+                await self._set_aside(rows[0] if rows else Pending(SessionRow, sessions[0][1].row()), exc)
             return
         for part_rows, part_sessions in ((rows[:len(rows) // 2], sessions[:len(sessions) // 2]),
                                          (rows[len(rows) // 2:], sessions[len(sessions) // 2:])):
@@ -401,12 +413,11 @@ class LogWriter:
                     raise
                 await self._write_apart(part_rows, part_sessions, cause)
 
-    async def _set_aside(self, row: dict, exc: Exception) -> None:
+    async def _set_aside(self, row: Pending, exc: Exception) -> None:
         """Keep a record the database refuses in `dead_letters`, count it, say why (once per record)."""
-        table = row["table"]
-        kind = table if isinstance(table, str) else table.__tablename__
+        kind = row.table if row.table is RECOVERY else row.table.__tablename__
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:2000]
-        record = orjson.dumps(row["values"], default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+        record = orjson.dumps(row.values, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
         self.rejected += 1
         if self._on_reject is not None:
             self._on_reject()
@@ -420,7 +431,7 @@ class LogWriter:
             log.warning("a refused %s record could not be kept either: %s", kind, str(dead).splitlines()[0])
             self._count_drop(1)
 
-    def _restore(self, rows: list[dict], sessions: list) -> None:
+    def _restore(self, rows: list[Pending], sessions: list) -> None:
         """Put a batch that could not be written back in front, within the buffer's bound."""
         with self._lock:
             room = self.capacity - len(self._rows)

@@ -57,13 +57,14 @@ def recorded_dialect(body: dict) -> Dialect | None:
     return next((dialect for dialect in RECORDED if dialect.wrote(body)), None)
 
 
-def relay_dialect(headers: Mapping[str, str], query: Mapping[str, str], default: Dialect = OPENAI) -> Dialect:
+def relay_dialect(headers: Mapping[str, str], query: Mapping[str, str], default: Dialect | None = None
+                  ) -> Dialect:
     """The dialect whose upstream (and way of passing the key) a request takes: one that claims it by its
-    headers, else the one its path speaks, else the OpenAI upstream."""
+    headers, else the one its path speaks (`default`), else the OpenAI upstream."""
     for dialect in CLAIMING:
         if dialect.claims(headers, query):
             return dialect
-    return default
+    return default or OPENAI
 
 
 class JudgeRoute(NamedTuple):
