@@ -28,8 +28,8 @@ CORPUS = ROOT / "tests" / "corpus"
 CAPTURES = ROOT / "tests" / "fixtures" / "agents"
 
 
-PARTS = ("tuned", "unseen", "held-out")
-LONG_LOOP = 5  # a loop labelled as repeating this many times or more (`repeats`) is one every ladder should catch  # written with; added, to tune on next; never to tune on (by source)
+PARTS = ("tuned", "unseen", "held-out")  # written with; added, to tune on next; never to tune on (by source)
+LONG_LOOP = 5  # a loop labelled as repeating this many times or more (`repeats`) is one every ladder should catch
 LADDERS = {"the default ladder (3)": DetectConfig(), "the ladder of five (before 2026-11-26)":
            DetectConfig(tool_call_threshold=5)}
 

@@ -742,8 +742,8 @@ def allowed_trips(finding: Finding, plan_mode: bool) -> list[Evidence]:
 def episode_of(config: DetectConfig, number: int, finding: Finding, trips: list[Evidence],
                previous_type: str | None) -> Episode:
     """A finding as the task's episode `number`: the fold and the live stream watcher number them alike."""
-    return Episode(number, config.max_warnings, choose_trip(trips, previous_type), finding.message_index, finding.place, finding.turn,
-                   finding.was_cut, finding.step)
+    return Episode(number, config.max_warnings, choose_trip(trips, previous_type), finding.message_index,
+                   finding.place, finding.turn, finding.was_cut, finding.step)
 
 
 @dataclass(frozen=True)

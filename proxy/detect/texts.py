@@ -28,8 +28,8 @@ def stop_text(episode: Episode | Told, resume_link: str | None = None) -> str:
     """The stop's message, for the person running the agent: with the link that lets the session go on."""
     warned = f"after {episode.limit} warning{'s' if episode.limit != 1 else ''}" if episode.limit else "at once"
     resume = f" To let it go on as it was, open {resume_link}" if resume_link else ""
-    return (f"{INJECTED_PREFIX}Loop detected ({episode.evidence.type}): {episode.evidence.describe()}. The task was stopped "
-            f"{warned}; the request was not sent upstream. Send a new user message to start a new task.{resume}")
+    return (f"{INJECTED_PREFIX}Loop detected ({episode.evidence.type}): {episode.evidence.describe()}. The task was "
+            f"stopped {warned}; the request was not sent upstream. Send a new user message to start a new task.{resume}")
 
 
 def cut_notice(episode: Episode | Told) -> str:

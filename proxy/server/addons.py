@@ -113,7 +113,8 @@ class TracingAddon(Addon):
         Telemetry.request(exchange.span, exchange.payload, exchange.dialect, exchange.raw_path)
 
     def response(self, exchange: Exchange) -> None:
-        Telemetry.answered(exchange.span, exchange.answer_headers, exchange.request_id, exchange.status, exchange.summary)
+        Telemetry.answered(exchange.span, exchange.answer_headers, exchange.request_id, exchange.status,
+                           exchange.summary)
 
     def error(self, exchange: Exchange, exc: BaseException) -> None:
         exchange.span.record_exception(exc)
