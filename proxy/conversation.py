@@ -30,13 +30,15 @@ class ToolCall(NamedTuple):
 
 class Message(NamedTuple):
     """One message. `role` is system (also text an agent wrote itself, read by no rule), user, assistant or
-    tool (a result, answering the call `call_id`; `failed` when the client marked it an error)."""
+    tool (a result, answering the call `call_id`; `failed` when the client marked it an error). `name` is the
+    chat message's own `name`: in a group of agents, the one that spoke."""
 
     role: str
     text: str = ""
     calls: tuple[ToolCall, ...] = ()
     call_id: str = ""
     failed: bool = False
+    name: str = ""
 
     @property
     def injected(self) -> bool:
@@ -184,7 +186,7 @@ class Chain:
 
 
 # -- the stored form ----------------------------------------------------------------------------------------
-# Kept responses hold their messages as JSON objects (role, content, tool_calls, tool_call_id, is_error), so a
+# Kept responses hold their messages as JSON objects (role, content, tool_calls, tool_call_id, is_error, name), so a
 # record written by any version of the proxy reads back the same.
 
 def to_record(message: Message, max_text: int) -> dict:
@@ -194,6 +196,8 @@ def to_record(message: Message, max_text: int) -> dict:
         record["tool_call_id"] = message.call_id
     if message.failed:
         record["is_error"] = True
+    if message.name:
+        record["name"] = message.name
     if message.calls:
         record["tool_calls"] = [
             {"id": call.id, "type": "function",
@@ -210,11 +214,12 @@ def from_record(record: dict) -> Message:
     content = get("content")
     calls = get("tool_calls")
     call_id = get("tool_call_id")
+    name = get("name")
     return Message(role if role.__class__ is str else "",
                    content if content.__class__ is str else text_of(content),
                    tuple(call_of(raw) for raw in calls if isinstance(raw, dict)) if calls.__class__ is list else (),
                    call_id if call_id.__class__ is str else "" if call_id is None else str(call_id),
-                   get("is_error") is True)
+                   get("is_error") is True, name if name.__class__ is str else "")
 
 
 def text_of(content: Any) -> str:

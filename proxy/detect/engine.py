@@ -246,9 +246,15 @@ def _call(name: str, arguments: str, outcome: tuple[str, bool] | None) -> Call:
     return Call(name, arguments, text, error_text(masked))
 
 
+# A Python traceback's frame names the line it ran: code edited around the failure moves it, the failure is the same.
+_FRAME_LINE = re.compile(r'(File "[^"\n]{0,500}", line )\d+')
+
+
 def error_text(masked: str) -> str:
     """What identifies an error: its start and its end (a traceback's exception and a test run's summary
-    come last; two different failures often share a long start)."""
+    come last; two different failures often share a long start), the lines its traceback names aside."""
+    if 'File "' in masked:
+        masked = _FRAME_LINE.sub(r"\1#", masked)
     return masked if len(masked) <= 500 else f"{masked[:250]} … {masked[-250:]}"
 
 
@@ -277,6 +283,35 @@ def _past_own(messages: list[Message], k: int) -> int:
             break
         k += own
     return k
+
+
+def from_agent(messages: Sequence[Message], k: int) -> bool:
+    """The user message at k is another agent's answer in a group of agents: named after a speaker other than
+    the one whose message opened the conversation. A step's result, never a new task."""
+    name = messages[k].name
+    if not name:
+        return False
+    for message in messages:  # the first user message: whoever set the task
+        if message.role == USER:
+            return name != message.name
+    return False
+
+
+def _group_answer(messages: list[Message], at: int) -> tuple[int, int]:
+    """In a group of agents, the others may speak in turn before the harness answers a step (a critic, then the
+    code's output): the answer read as the step's result (the harness's observation when one of them is, else
+    the first) and the index past them all. Elsewhere the answer at `at` alone."""
+    if not from_agent(messages, at):
+        return at, at + 1
+    result, k = None, at
+    while k < len(messages) and messages[k].role == USER and not messages[k].injected:
+        observed = is_observation(messages[k].text)
+        if not (observed or from_agent(messages, k)):
+            break
+        if observed and result is None:
+            result = k
+        k += 1
+    return (at if result is None else result), k
 
 
 def _user_answer(messages: list[Message], j: int) -> int | None:
@@ -330,8 +365,9 @@ def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) 
     if inline is not None:  # CrewAI appends its system message's tool list to some of them: not the result
         inline = without_reminder(inline, system_text(messages))
     if at is not None:
+        at, past = _group_answer(messages, at)
         answer = messages[at].text
-        observed = is_observation(answer)
+        observed = is_observation(answer) or from_agent(messages, at)
         known = not observed and bool(state.harness) and _harness_key(answer) in state.harness
         if inline is not None and not observed:
             # The result is in the assistant's message; the user's is the harness's nudge once it is known.
@@ -342,7 +378,7 @@ def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) 
             if observed:
                 answer = without_reminder(answer, system_text(messages))
                 observation, failed = observation_text(answer), observation_failed(answer)
-                return [text_call(action, observation, failed) for action in actions], at + 1
+                return [text_call(action, observation, failed) for action in actions], past
             # The harness repeating itself (a format error): what it answers is the step, failed.
             return [text_call(action, harness_form(answer), marked=True) for action in actions], at + 1
     return [text_call(action, inline) for action in actions or ()], j + 1
@@ -355,7 +391,7 @@ def _may_open_task(state: "TaskState", messages: list[Message], j: int) -> int |
     if at is None:
         return None
     answer = messages[at].text
-    if is_observation(answer) or (state.harness and _harness_key(answer) in state.harness):
+    if is_observation(answer) or from_agent(messages, at) or (state.harness and _harness_key(answer) in state.harness):
         return None
     return at
 
@@ -550,6 +586,9 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
             own = _own_at(messages, j)
             if own:
                 j += own  # the agent's own preamble or note, and the reply it recorded: no task, no turn
+                continue
+            if from_agent(messages, j) or is_observation(message.text):
+                j += 1  # another agent's answer or the harness's that no step took as its result: no task
                 continue
             state = _person_text(config, state, messages, j, opening)
             opening = None

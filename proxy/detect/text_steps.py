@@ -194,7 +194,9 @@ def read_actions(text: str) -> list[TextAction] | None:
 
 # -- the harness's answer --------------------------------------------------------------------------------
 
-_OBSERVATION_STARTS = ("Observation:", "OBSERVATION:", "Error:\n", "<returncode>", "<exception>", "Call id:")
+# AutoGen's and AG2's code executor answers `exitcode: 1 (execution failed)\nCode output: ...`.
+_OBSERVATION_STARTS = ("Observation:", "OBSERVATION:", "Error:\n", "<returncode>", "<exception>", "Call id:",
+                       "exitcode: ")
 _OBSERVATION_FRAME = re.compile(r"(?:Observation|OBSERVATION)(?:\x20\d+)?:")  # `Observation 3:` numbers the step
 # Cline's, Roo Code's and Kilo Code's answer to a tool written in XML, and their error when no tool was written.
 _XML_RESULT = re.compile(r"\[[a-z][a-z0-9_]{0,63}(?:\x20for\x20[^\n]{0,300}?)?\]\x20Result:")

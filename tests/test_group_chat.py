@@ -1,0 +1,85 @@
+"""Groups of agents (AutoGen's and AG2's group chats, Magentic-One): the other agents speak as user messages named
+after them. Such a message answers a step; it is not a person opening a new task, so what repeats across the
+agents' turns is seen as one task's."""
+
+from __future__ import annotations
+
+from proxy.detect.engine import DetectConfig, episodes
+from proxy.detect.text_steps import is_observation
+from proxy.conversation import from_record, to_record
+from tests.convo import analyze, neutral, step
+
+DEFAULT = DetectConfig()
+
+KEY_ERROR = ("exitcode: 1 (execution failed)\nCode output: \nTraceback (most recent call last):\n"
+             "  File \"\", line {line}, in <module>\n    print(df['Weight_in_lbs'])\nKeyError: 'Weight_in_lbs'\n")
+
+
+def said(name: str, text: str) -> dict:
+    return {"role": "user", "name": name, "content": text}
+
+
+OPTIONS = ("", ", sep=','", ", encoding='utf-8'")
+
+
+def coder(attempt: int) -> dict:
+    """The coder's code, a little different each time, failing the same way."""
+    return {"role": "assistant", "content": "Let me try again.\n\n```python\nimport pandas as pd\n"
+                                            f"df = pd.read_csv('cars.csv'{OPTIONS[attempt]})\n"
+                                            "print(df['Weight_in_lbs'])\n```"}
+
+
+def found(messages, config=DEFAULT):
+    state, _ = analyze(config, messages)
+    return state, [(e.type, e.turn, e.is_stop) for e in episodes(config, state)]
+
+
+def test_another_agents_reply_between_failing_calls_is_not_a_new_task():
+    task = said("user", "How many at bats did the Yankee with the most walks in 1977 have?")
+    messages = [task]
+    for i in range(3):
+        messages += step("web_search", {"query": "1977 Yankees walks"}, "Error: search quota exceeded")
+        messages.append(said("Critic", f"Review {i}: the search should work now, try it once more."))
+    state, episodes_found = found(messages[:-1])
+    assert state.start == 1  # one task: the critic's replies opened none
+    assert episodes_found == [("tool_call", 3, False)]
+    # The same texts from whoever set the task are that person's new prompts, each a task of its own.
+    person = [m if m.get("name") != "Critic" else {**m, "name": "user"} for m in messages[:-1]]
+    state, episodes_found = found(person)
+    assert episodes_found == [] and state.start == len(person) - 2
+
+
+def test_autogens_code_executor_answers_a_step():
+    assert is_observation(KEY_ERROR.format(line=3))
+    assert is_observation("exitcode: 0 (execution succeeded)\nCode output: \n42\n")
+    # A two-agent chat: the code changes every time, the executor's error does not.
+    messages = [said("User_proxy", "Plot weight against horsepower from cars.csv.")]
+    for attempt in range(3):
+        messages += [coder(attempt), said("User_proxy", KEY_ERROR.format(line=3 + attempt))]
+    state, episodes_found = found(messages[:-2])
+    assert episodes_found == [] and state.start == 1
+    state, episodes_found = found(messages)
+    assert episodes_found == [("tool_error", 3, False)]
+
+
+def test_in_a_group_chat_the_executors_answer_is_the_result_though_a_critic_speaks_first():
+    messages = [said("User_proxy", "Plot weight against horsepower from cars.csv.")]
+    for attempt in range(3):
+        messages += [coder(attempt), said("Critic", f"Score {attempt}: looks right to me."),
+                     said("User_proxy", KEY_ERROR.format(line=3 + attempt))]
+    state, episodes_found = found(messages)
+    assert state.start == 1 and state.turns == 3
+    assert episodes_found == [("tool_error", 3, False)]
+    # Had the code run, the same critic's praise would be no failure: a run of new results is no loop.
+    fine = [m if not m["content"].startswith("exitcode") else
+            {**m, "content": f"exitcode: 0 (execution succeeded)\nCode output: \n{3500 + i}\n"}
+            for i, m in enumerate(messages)]
+    assert found(fine)[1] == []
+
+
+def test_a_chat_messages_name_is_read_and_kept():
+    (task, reply) = neutral([said("user", "Find it."), said("WebSurfer", "I typed 'it' into the search bar.")])
+    assert (task.name, reply.name) == ("user", "WebSurfer")
+    assert from_record(to_record(reply, 1000)) == reply
+    assert "name" not in to_record(neutral([{"role": "user", "content": "hi"}])[0], 1000)
+    assert neutral([{"role": "user", "name": 7, "content": "hi"}])[0].name == ""  # not text: no name
