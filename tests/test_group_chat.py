@@ -4,12 +4,17 @@ agents' turns is seen as one task's."""
 
 from __future__ import annotations
 
-from proxy.detect.engine import DetectConfig, episodes
-from proxy.detect.text_steps import is_observation
+from pathlib import Path
+
+import orjson
+
 from proxy.conversation import from_record, to_record
+from proxy.detect.engine import Decision, DetectConfig, analyze as engine_analyze, episodes
+from proxy.detect.text_steps import is_observation
 from tests.convo import analyze, neutral, step
 
 DEFAULT = DetectConfig()
+AGENTS = Path(__file__).parent / "fixtures" / "agents"
 
 KEY_ERROR = ("exitcode: 1 (execution failed)\nCode output: \nTraceback (most recent call last):\n"
              "  File \"\", line {line}, in <module>\n    print(df['Weight_in_lbs'])\nKeyError: 'Weight_in_lbs'\n")
@@ -83,3 +88,35 @@ def test_a_chat_messages_name_is_read_and_kept():
     assert from_record(to_record(reply, 1000)) == reply
     assert "name" not in to_record(neutral([{"role": "user", "content": "hi"}])[0], 1000)
     assert neutral([{"role": "user", "name": 7, "content": "hi"}])[0].name == ""  # not text: no name
+
+
+def ag2_requests(run: str, agent: str) -> list[list]:
+    """The neutral messages of each request one agent of a captured AG2 run sent (its system prompt names it)."""
+    bodies = [orjson.loads(line) for line in (AGENTS / f"ag2-{run}.jsonl").read_bytes().splitlines()]
+    return [neutral(body["messages"]) for body in bodies
+            if body["messages"][0]["content"].startswith(f"You are {agent}.")]
+
+
+def decided(requests: list[list]) -> list:
+    result = []
+    for messages in requests:
+        state, _ = engine_analyze(DEFAULT, messages)
+        decision = Decision(episodes(DEFAULT, state))
+        result.append(("stop", decision.stop.type) if decision.stop else tuple(e.type for e in decision.warnings))
+    return result
+
+
+def test_ag2_group_chat_coder_failing_alike_is_warned_at_the_third_and_fourth_and_stopped_at_the_fifth():
+    # The real run: every message named after its speaker; after each of the Coder's messages the Critic
+    # speaks, then the executor's `exitcode: 1`. The Coder's code differs each time, its failure does not.
+    assert decided(ag2_requests("groupchat", "Coder")) == [
+        (), (), (), ("tool_error",), ("tool_error", "tool_error"), ("stop", "tool_error")]
+    # The Critic wrote no code: the executor's answers are not its steps. It says the same thing every time
+    # (`Review N: looks fine`), which is the reply rule's.
+    assert [kinds for kinds in decided(ag2_requests("groupchat", "Critic")) if "tool_error" in kinds] == []
+    assert decided(ag2_requests("groupchat", "Critic"))[3] == ("reply",)  # its third review
+
+
+def test_ag2_two_agent_chat_is_warned_at_the_third_failure():
+    assert decided(ag2_requests("twoagent", "Coder")) == [
+        (), (), (), ("tool_error",), ("tool_error", "tool_error")]

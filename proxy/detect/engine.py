@@ -373,6 +373,8 @@ def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) 
             # The result is in the assistant's message; the user's is the harness's nudge once it is known.
             return [text_call(action, inline) for action in actions], (at + 1 if known else j + 1)
         if observed or known:
+            if not actions and messages[at].name and is_observation(answer):
+                return [], past  # in a group, the executor answering another agent's code: no step of this one's
             # A text the harness answered is a step, an action or not (Cline's `[ERROR] You did not use a tool`).
             actions = actions or [TextAction("reply", mask(text)[:2000])]
             if observed:
