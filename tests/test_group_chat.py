@@ -120,3 +120,26 @@ def test_ag2_group_chat_coder_failing_alike_is_warned_at_the_third_and_fourth_an
 def test_ag2_two_agent_chat_is_warned_at_the_third_failure():
     assert decided(ag2_requests("twoagent", "Coder")) == [
         (), (), (), ("tool_error",), ("tool_error", "tool_error")]
+
+
+PAGE = ("I clicked 'Batting'.\n\nThe web browser is open to the page [1977 New York Yankees Batting Statistics]"
+        "(https://www.baseball-reference.com/teams/NYY/1977-batting.shtml).\nThe viewport shows 7% of the webpage, "
+        "and is positioned at the top of the page.\nThe following text is visible in the viewport:\n\n"
+        "We and our partners store and access information on your device for the purposes below.")
+ASKED = ("Please find the player with the most walks on this page.", "Look for the walks leader in the table.",
+         "Scroll to the batting table and read who walked most.", "Find the 1977 walks leader and his at bats.",
+         "Please read the BB column and report the top player.")
+
+
+def test_an_agent_giving_the_same_answer_to_requests_reworded_is_no_news():
+    # Magentic-One's orchestrator rewords its request; the web surfer answers with the same page every time.
+    messages = [said("user", "How many at bats did the Yankee with the most walks in 1977 have?")]
+    for asked in ASKED:
+        messages += [{"role": "assistant", "content": asked}, said("WebSurfer", PAGE)]
+    state, episodes_found = found(messages)
+    assert state.start == 1 and episodes_found[:1] == [("tool_error", 4, False)]
+    # A page that moves on each time is progress.
+    players = iter(("Reggie Jackson", "Thurman Munson", "Graig Nettles", "Chris Chambliss", "Willie Randolph"))
+    moving = [m if m.get("name") != "WebSurfer" else {**m, "content": PAGE.replace("We and our", next(players))}
+              for m in messages]
+    assert found(moving)[1] == []

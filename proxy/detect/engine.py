@@ -377,13 +377,27 @@ def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) 
                 return [], past  # in a group, the executor answering another agent's code: no step of this one's
             # A text the harness answered is a step, an action or not (Cline's `[ERROR] You did not use a tool`).
             actions = actions or [TextAction("reply", mask(text)[:2000])]
-            if observed:
+            if observed and not (known or _agent_repeats(state, messages, at)):
                 answer = without_reminder(answer, system_text(messages))
                 observation, failed = observation_text(answer), observation_failed(answer)
                 return [text_call(action, observation, failed) for action in actions], past
-            # The harness repeating itself (a format error): what it answers is the step, failed.
-            return [text_call(action, harness_form(answer), marked=True) for action in actions], at + 1
+            # The harness repeating itself (a format error), or another agent giving the same answer again: what
+            # it answers is the step, failed.
+            return [text_call(action, harness_form(answer), marked=True) for action in actions], past
     return [text_call(action, inline) for action in actions or ()], j + 1
+
+
+def _agent_repeats(state: "TaskState", messages: list[Message], at: int) -> bool:
+    """Another agent's answer at `at` is one it gave before in this conversation (numbers aside): no news, as a
+    harness repeating itself. Its answers are remembered as the harness's texts are."""
+    if not from_agent(messages, at) or is_observation(messages[at].text):
+        return False
+    key = _harness_key(messages[at].text)
+    if key in state.harness:
+        return True
+    if len(state.harness) < HARNESS_KEPT:
+        state.harness.add(key)
+    return False
 
 
 def _may_open_task(state: "TaskState", messages: list[Message], j: int) -> int | None:
