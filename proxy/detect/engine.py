@@ -367,17 +367,18 @@ def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) 
     if at is not None:
         at, past = _group_answer(messages, at)
         answer = messages[at].text
-        observed = is_observation(answer) or from_agent(messages, at)
+        harness_said = is_observation(answer)
+        observed = harness_said or from_agent(messages, at)
         known = not observed and bool(state.harness) and _harness_key(answer) in state.harness
         if inline is not None and not observed:
             # The result is in the assistant's message; the user's is the harness's nudge once it is known.
             return [text_call(action, inline) for action in actions], (at + 1 if known else j + 1)
         if observed or known:
-            if not actions and messages[at].name and is_observation(answer):
+            if not actions and harness_said and messages[at].name:
                 return [], past  # in a group, the executor answering another agent's code: no step of this one's
             # A text the harness answered is a step, an action or not (Cline's `[ERROR] You did not use a tool`).
             actions = actions or [TextAction("reply", mask(text)[:2000])]
-            if observed and not (known or _agent_repeats(state, messages, at)):
+            if observed and (harness_said or not _answered_before(state, answer)):
                 answer = without_reminder(answer, system_text(messages))
                 observation, failed = observation_text(answer), observation_failed(answer)
                 return [text_call(action, observation, failed) for action in actions], past
@@ -387,12 +388,10 @@ def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) 
     return [text_call(action, inline) for action in actions or ()], j + 1
 
 
-def _agent_repeats(state: "TaskState", messages: list[Message], at: int) -> bool:
-    """Another agent's answer at `at` is one it gave before in this conversation (numbers aside): no news, as a
-    harness repeating itself. Its answers are remembered as the harness's texts are."""
-    if not from_agent(messages, at) or is_observation(messages[at].text):
-        return False
-    key = _harness_key(messages[at].text)
+def _answered_before(state: "TaskState", answer: str) -> bool:
+    """Another agent's answer is one given before in this conversation (numbers aside): no news, as a harness
+    repeating itself. Its answers are remembered as the harness's texts are."""
+    key = _harness_key(answer)
     if key in state.harness:
         return True
     if len(state.harness) < HARNESS_KEPT:
