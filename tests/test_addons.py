@@ -56,7 +56,7 @@ def test_the_judge_starts_only_for_a_verdict_that_made_a_check_due_and_the_timin
     addons = Addons([TimingAddon(metrics), JudgeAddon(judges)])
     for due in (None, "check at turn 30"):
         exchange = Exchange({}, OPENAI, "/v1/chat/completions", began=1.0)
-        exchange.sent, exchange.verdict = 1.25, SimpleNamespace(judge=due, headers={})
+        exchange.sent, exchange.judge = 1.25, due
         for hook in addons.forwarded:
             hook(exchange)
     assert started == [("check at turn 30", "chat")]

@@ -9,7 +9,7 @@ costs nothing: each point calls only the add-ons that define it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from proxy.detect.actions import Action
@@ -29,18 +29,16 @@ class Exchange:
     raw_path: str
     began: float = 0.0  # when its body was read
     payload: dict | None = None  # the request's body, once read
-    verdict: Any = None  # the guard's Stop or Forward
+    # From the guard's verdict, what the add-ons read of it (never the verdict itself: its tap tells this exchange's
+    # sink its episodes, and a verdict kept here would make each request a reference cycle, its body alive until a
+    # collection)
+    answer_headers: Mapping[str, str] = field(default_factory=dict)  # the proxy's headers (the session, the episode)
+    judge: Any = None  # a judge check the verdict made due
     sent: float | None = None  # when it went upstream
     status: int | None = None  # what the client was answered
     request_id: str | None = None  # the upstream's id of the request
     summary: Summary | None = None  # what the answer said of itself
     span: Any = None  # the request's trace span, when tracing is on
-
-    @property
-    def answer_headers(self) -> Mapping[str, str]:
-        """The headers the proxy adds to the answer (the session, the episode), once the guard has given its
-        verdict."""
-        return self.verdict.headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,5 +140,5 @@ class JudgeAddon(Addon):
         self.judges = judges
 
     def forwarded(self, exchange: Exchange) -> None:
-        if exchange.verdict.judge is not None:
-            self.judges.start(exchange.verdict.judge, exchange.dialect)
+        if exchange.judge is not None:
+            self.judges.start(exchange.judge, exchange.dialect)

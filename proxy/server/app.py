@@ -148,7 +148,7 @@ async def _inspected(request: web.Request, exchange: Exchange, addons: Addons) -
                                           addons.sink(exchange))
     except RequestError as exc:
         return _refused(dialect, str(exc), "invalid_value")
-    exchange.verdict = verdict
+    exchange.answer_headers = verdict.headers
     if isinstance(verdict, Stop):
         _answered(exchange, addons, verdict.status)
         return web.Response(status=verdict.status, body=verdict.body, content_type="application/json",
@@ -158,6 +158,7 @@ async def _inspected(request: web.Request, exchange: Exchange, addons: Addons) -
     headers = upstream_headers(request, settings, upstream_dialect, inspected=True)
     url = upstream_dialect.upstream_url(settings, request.rel_url.raw_path, request.rel_url.raw_query_string)
     exchange.sent = time.perf_counter()
+    exchange.judge = verdict.judge
     upstream = await send_upstream(app[CLIENT], "POST", url, headers, verdict.body, sent=verdict.prepare)
     try:
         tap = verdict.tap
@@ -175,7 +176,7 @@ async def _inspected(request: web.Request, exchange: Exchange, addons: Addons) -
             if addons.response:
                 _answered(exchange, addons, 200, tap.streamed_summary(dialect.tokens) if tap is not None else None)
             return response
-        return await _whole_answer(request, exchange, addons, upstream, response_headers)
+        return await _whole_answer(request, exchange, addons, verdict, upstream, response_headers)
     finally:
         upstream.release()
 
@@ -205,10 +206,9 @@ async def _parsed_body(request: web.Request, dialect: Dialect) -> Parsed | web.R
     return parsed
 
 
-async def _whole_answer(request: web.Request, exchange: Exchange, addons: Addons, upstream: UpstreamResponse,
-                        response_headers: dict) -> web.StreamResponse:
+async def _whole_answer(request: web.Request, exchange: Exchange, addons: Addons, verdict: Forward,
+                        upstream: UpstreamResponse, response_headers: dict) -> web.StreamResponse:
     """A non-streamed answer: relayed once read (the tap given it), or, too large to inspect, as it comes."""
-    verdict = exchange.verdict
     tap = verdict.tap
     try:
         body = await _answer(upstream)
