@@ -1,10 +1,13 @@
 """What hostile input costs the proxy: memory for huge model names, time for an endless upstream line.
 
-    .venv/bin/python bench/hostile.py [--names 100] [--name-mb 10] [--line-mb 60] [--answer-mb 300]
+    .venv/bin/python bench/hostile.py [--names 200] [--name-mb 10] [--sessions 100] [--history-mb 5]
+                                      [--line-mb 60] [--answer-mb 300] [--memory-only]
 
 Starts `loopwarden serve` (a process) on a fresh SQLite log in front of the benchmark's lean upstream, then:
-1. sends `--names` requests, each with a distinct model name of `--name-mb` MB, and reports the proxy's
-   resident memory before and after (the target: under 150 MB of growth for 100 names of 10 MB);
+1. sends `--names` requests, each with a distinct model name of `--name-mb` MB, then `--sessions` sessions each
+   with one history of `--history-mb` MB, and reports the proxy's resident memory before and after each (the
+   targets: under 150 MB of growth for 200 names of 10 MB, and under the long-body cache's budget (128 MiB) plus
+   100 MB for 100 histories of 5 MB: no collection is needed to free a request);
 2. asks for a stream whose first `data:` line is `--line-mb` MB long with no line end until its last byte,
    while another client asks `/healthz` every 10 ms: the time the stream took, and the slowest `/healthz`
    (the targets: under 5 s, and under 50 ms);
@@ -22,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import http.client
 import subprocess
 import sys
@@ -65,10 +67,34 @@ async def model_names(served: Served, client: aiohttp.ClientSession, names: int,
             await response.read()
             statuses[str(response.status)] = statuses.get(str(response.status), 0) + 1
         del body, name
-        gc.collect()
     await asyncio.sleep(1)
     after = rss_mb(served.proxy.pid)
     return {"names": names, "name_mb": name_mb, "statuses": statuses, "rss_before_mb": round(before, 1),
+            "rss_after_mb": round(after, 1), "growth_mb": round(after - before, 1)}
+
+
+async def histories(served: Served, client: aiohttp.ClientSession, sessions: int, history_mb: int) -> dict:
+    """`sessions` conversations, each sending one history of `history_mb` MB (tool steps, then a last long
+    message): each is a long body the proxy remembers for its session's next request, within its budget."""
+    before = rss_mb(served.proxy.pid)
+    statuses: dict[str, int] = {}
+    for n in range(sessions):
+        messages = [{"role": "system", "content": f"You are agent {n}."},
+                    {"role": "user", "content": "Summarise the logs."}]
+        for step in range(50):
+            call = {"id": f"c{n}-{step}", "type": "function", "function": {"name": "read", "arguments": f'{{"p":{step}}}'}}
+            messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": f"c{n}-{step}", "content": f"line {step} of session {n}"}]
+        messages.append({"role": "user", "content": "l" * (history_mb * 1024 * 1024)})
+        body = orjson.dumps({"model": "gpt-test", "messages": messages})
+        async with client.post(f"{served.url}/chat/completions", data=body, headers={
+                "Content-Type": "application/json", "X-Session-Id": f"history-{n}"}) as response:
+            await response.read()
+            statuses[str(response.status)] = statuses.get(str(response.status), 0) + 1
+        del body, messages
+    await asyncio.sleep(1)
+    after = rss_mb(served.proxy.pid)
+    return {"sessions": sessions, "history_mb": history_mb, "statuses": statuses, "rss_before_mb": round(before, 1),
             "rss_after_mb": round(after, 1), "growth_mb": round(after - before, 1)}
 
 
@@ -258,10 +284,14 @@ async def hostile_upstream(tmp: str) -> list[dict]:
     return results
 
 
-async def main(names: int, name_mb: int, line_mb: int, answer_mb: int) -> None:
+async def main(names: int, name_mb: int, sessions: int, history_mb: int, line_mb: int, answer_mb: int,
+               memory_only: bool) -> None:
     async with Served("hostile") as served:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as client:
             print(orjson.dumps(await model_names(served, client, names, name_mb)).decode(), flush=True)
+            print(orjson.dumps(await histories(served, client, sessions, history_mb)).decode(), flush=True)
+            if memory_only:
+                return
             print(orjson.dumps(await endless_line(served, client, line_mb)).decode(), flush=True)
             print(orjson.dumps(await large_answer(served, client, answer_mb)).decode(), flush=True)
             for result in await stalls(served, client):
@@ -272,9 +302,13 @@ async def main(names: int, name_mb: int, line_mb: int, answer_mb: int) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--names", type=int, default=100)
+    parser.add_argument("--names", type=int, default=200)
     parser.add_argument("--name-mb", type=int, default=10)
+    parser.add_argument("--sessions", type=int, default=100)
+    parser.add_argument("--history-mb", type=int, default=5)
+    parser.add_argument("--memory-only", action="store_true", help="only the two memory parts (1 and 2)")
     parser.add_argument("--line-mb", type=int, default=60)
     parser.add_argument("--answer-mb", type=int, default=300)
     arguments = parser.parse_args()
-    asyncio.run(main(arguments.names, arguments.name_mb, arguments.line_mb, arguments.answer_mb))
+    asyncio.run(main(arguments.names, arguments.name_mb, arguments.sessions, arguments.history_mb, arguments.line_mb,
+                     arguments.answer_mb, arguments.memory_only))

@@ -119,6 +119,7 @@ class Settings:
         None, "delete detections older than this many days (unset: keep all)", kind=float, maximum=CENTURY)
     response_retention_days: float = setting(
         30.0, "forget kept Responses conversations older than this many days", maximum=CENTURY)
+    resume_link_ttl: float = setting(24.0, "hours a stop's resume link can be used", maximum=CENTURY * 24)
     # Not in the contract's table; production defaults documented in the README.
     upstream_connect_timeout: float = setting(10.0, "seconds to connect to the upstream")
     upstream_read_timeout: float = setting(600.0, "seconds the upstream may stay silent mid-answer")

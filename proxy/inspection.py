@@ -14,6 +14,7 @@ import functools
 import hashlib
 import itertools
 import secrets
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -21,7 +22,7 @@ import orjson
 
 from proxy.agents import agent_name, session_title
 from proxy.config import Settings
-from proxy.conversation import USER, Chain, Conversation, Message, RequestError
+from proxy.conversation import USER, Chain, Conversation, Message, RequestError, ToolCall
 from proxy.detect.actions import Action
 from proxy.detect.engine import (
     RECOVERY_TURNS,
@@ -63,6 +64,14 @@ _NO_MODES: frozenset[str] = frozenset()
 # person's first prompt): never read further, so a long conversation first seen costs no more to name.
 OPENING_MESSAGES = 100
 KEPT_CALLS = 16384  # calls of kept answers remembered, for requests that name them rather than send them
+# What the per-session memories may hold, all sessions together, and the kept calls (each weighed when put, at
+# most: `_session_weight`, `_call_weight`); past it the least recently used go first.
+SESSIONS_BYTES = 128 * 1024 * 1024
+KEPT_CALLS_BYTES = 32 * 1024 * 1024
+# A session's memory: its record and task state before any step, then what each message adds at most (its
+# fingerprint, and the task state's records of a step: its call's digests, its error, its place).
+SESSION_BYTES = 4096
+MESSAGE_BYTES = 1024
 MODEL_CHARS = 256  # a model's name as every cache, span and column holds it (no real one is longer)
 
 
@@ -97,7 +106,7 @@ def body_slot(headers: Mapping[str, str], query: Mapping[str, str], dialect: str
     """Where a long body is remembered for the conversation's next request (`KnownBodies`): per dialect, client
     key and session headers, and by its opening bytes (an agent's subagents share its session header)."""
     return (dialect, client_key(headers, query), *[headers.get(name) for name in SESSION_HEADERS],
-            headers.get("x-claude-code-agent-id"), raw[:LONG_BODY])
+            headers.get("x-claude-code-agent-id"), hash(raw[:LONG_BODY]))  # a digest of the opening: no body kept
 
 
 def named_session(headers: Mapping[str, str], chain: Chain | None = None, side: bool = False) -> str | None:
@@ -287,6 +296,17 @@ class Flow:
         return self.tenant, self.session_id
 
 
+def _session_weight(key: tuple[str, str], memory: SessionMemory) -> int:
+    """What a session's memory holds, at most: it grows with the messages its task state has read."""
+    fold = memory.fold
+    return SESSION_BYTES + sys.getsizeof(key[1]) + (MESSAGE_BYTES * len(fold.fingerprints) if fold is not None else 0)
+
+
+def _call_weight(key: tuple[str, str], call: ToolCall) -> int:
+    """What a kept call holds: its id, name and arguments (a client's size), and its entry."""
+    return 256 + sys.getsizeof(key[1]) + sys.getsizeof(call.name) + sys.getsizeof(call.arguments)
+
+
 class Inspector:
     """Per-process inspection state: what is remembered per session and the settings resolved per model."""
 
@@ -300,13 +320,14 @@ class Inspector:
         self.keep = keep  # records an answer the service keeps: keep(tenant, response_id, previous, conversation,
         #                   session, messages)
         self.is_judge = is_judge or (lambda headers: False)
-        self._sessions: LRU = LRU(CACHED_SESSIONS)  # (tenant, session) -> SessionMemory
+        # (tenant, session) -> SessionMemory
+        self._sessions: LRU = LRU(CACHED_SESSIONS, SESSIONS_BYTES, _session_weight)
         # (tenant, first two message fingerprints) -> (fingerprints of the messages the id was read from, the id)
         self._openings: LRU = LRU(CACHED_SESSIONS)
         self._per_model: LRU = LRU(MODEL_POLICIES)
-        self._links: LRU = LRU(CACHED_SESSIONS)  # (tenant, session, task) -> its stop's link: (token, URL)
+        self._links: LRU = LRU(CACHED_SESSIONS)  # (tenant, session, task) -> its stop's link's token
         # (tenant, call id) -> the calls of the answers the service keeps, as this process relayed them
-        self._kept_calls: LRU = LRU(KEPT_CALLS)
+        self._kept_calls: LRU = LRU(KEPT_CALLS, KEPT_CALLS_BYTES, _call_weight)
 
     def remember_unseen(self, key: tuple[str, str], chant: UnseenChant) -> None:
         """A chant in a whole answer's reasoning: the session's next request is warned of it."""
@@ -329,6 +350,10 @@ class Inspector:
             self._openings.put(head, (fingerprints[:read], session))
         return session
 
+    def caches(self) -> dict:
+        """The memories bounded in bytes (for /metrics)."""
+        return {"sessions": self._sessions, "kept_calls": self._kept_calls}
+
     def known_message_counts(self) -> dict:
         return {key: memory.message_count for key, memory in self._sessions.items()}
 
@@ -345,6 +370,7 @@ class Inspector:
         state, fold = analyze(flow.config, flow.messages, flow.controls.reset_at_message if flow.controls else 0,
                               flow.memory.fold, flow.fingerprints)
         flow.memory.fold = fold
+        self._sessions.put(flow.key, flow.memory)  # weighed again, as its conversation grew
         checks = self.facts.judge_checks(flow.tenant, flow.session_id, state.key) if self.facts is not None else []
         decision = Decision(episodes(flow.config, state, plan_mode=flow.plan_mode, judge_checks=checks,
                                      unseen=flow.memory.unseen))
@@ -505,23 +531,26 @@ class Inspector:
         return None
 
     def _resume_link(self, tenant: str, session_id: str, task: str, origin: str) -> str | None:
-        """The stopped task's resume link (the same for each of its stops), kept in the log when first drawn;
-        None where nothing is logged, so no link could be used."""
+        """The stopped task's resume link (the same token for each of its stops), kept in the log when first drawn,
+        on the address the client reached (PUBLIC_URL where set); None where nothing is logged, so no link could
+        be used."""
         if self.facts is None:
             return None
         key = (tenant, session_id, task)
-        known = self._links.get(key)
-        if known is None:
+        token = self._links.get(key)
+        if token is None:
             token = secrets.token_urlsafe(24)
-            known = (token, f"{(self.settings.public_url or origin).rstrip('/')}/loopwarden/resume/{token}")
-            self._links.put(key, known)
+            self._links.put(key, token)
             self.facts.resume_link_issued(token, tenant, session_id, task)
-        return known[1]
+        return f"{(self.settings.public_url or origin).rstrip('/')}/loopwarden/resume/{token}"
 
     def resume_url(self, tenant: str, session_id: str, task: str) -> str | None:
-        """The link a stop of this task named, if this process named one."""
-        known = self._links.get((tenant, session_id, task))
-        return known[1] if known is not None else None
+        """The link a stop of this task named, for operators: on PUBLIC_URL only (a client's Host header never
+        chooses where operators are sent); None without it, or when this process named no link."""
+        token = self._links.get((tenant, session_id, task))
+        if token is None or not self.settings.public_url:
+            return None
+        return f"{self.settings.public_url.rstrip('/')}/loopwarden/resume/{token}"
 
     def _settings_for(self, model: str | None) -> tuple[Settings, DetectConfig]:
         """The settings and detection config in force for a model (its policy over the settings)."""

@@ -10,10 +10,12 @@ import shutil
 import ssl
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
 import trustme
+from aiohttp import web
 
 from proxy.server.http1 import Proxies
 from tests.conftest import RunningProxy
@@ -62,16 +64,41 @@ class Tinyproxy:
         self.process.wait(timeout=10)
 
 
-@pytest.fixture
-async def forward_proxy(tmp_path):
+def _tinyproxy_needed() -> None:
     if TINYPROXY is None:
         message = "tinyproxy is not installed (make test installs it with apt-get where it can)"
         if REQUIRE:
             pytest.fail(message)
         pytest.skip(message)
+
+
+@pytest.fixture
+async def forward_proxy(tmp_path):
+    _tinyproxy_needed()
     running = await Tinyproxy(tmp_path).start()
     yield running
     running.stop()
+
+
+@pytest.fixture
+async def guarded_proxy():
+    """A forward proxy that wants other credentials: it answers every request 407, as squid does (tinyproxy
+    answers 401 instead, which no client can tell from the upstream's own)."""
+    seen: list[str] = []
+
+    async def refuse(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Proxy-Authorization", ""))
+        return web.Response(status=407, text="Cache Access Denied: sk-wrong-user is not allowed",
+                            headers={"Proxy-Authenticate": 'Basic realm="egress"', "Server": "squid/5.7"})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield SimpleNamespace(url=f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", seen=seen)
+    await runner.cleanup()
 
 
 def through(monkeypatch, forward_proxy: Tinyproxy, no_proxy: str = "") -> None:
@@ -131,13 +158,35 @@ async def test_an_https_upstream_is_reached_through_a_connect_tunnel(monkeypatch
         await tls_upstream.close()
 
 
-async def test_a_proxy_that_refuses_the_tunnel_is_a_502_that_says_so(monkeypatch, forward_proxy, proxy_factory):
+async def test_a_proxy_that_refuses_the_tunnel_is_a_502_that_names_no_proxy(monkeypatch, forward_proxy,
+                                                                           proxy_factory, caplog):
     through(monkeypatch, forward_proxy)
+    monkeypatch.setenv("HTTPS_PROXY", forward_proxy.url.replace("://", "://sk-proxy-token-123@"))
     closed = _free_port()  # nothing listens there: tinyproxy answers the CONNECT with an error
     proxy = await proxy_factory(f"https://localhost:{closed}/v1", upstream_connect_timeout=5)
     status, body = await post(proxy, CHAT)
-    assert status == 502 and "forward proxy" in body["error"]["message"]
-    assert "refused the tunnel" in body["error"]["message"] or "closed the tunnel" in body["error"]["message"]
+    message = body["error"]["message"]
+    assert status == 502 and body["error"]["code"] == "upstream_unreachable" and f"localhost:{closed}" in message
+    for secret in ("proxy", "tinyproxy", str(forward_proxy.port), "sk-proxy-token-123", "tunnel"):
+        assert secret not in message.replace("the proxy's log", "")  # the client learns nothing of it
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert "refused the tunnel" in logged or "closed the tunnel" in logged  # the operator has the detail
+    assert f"***@127.0.0.1:{forward_proxy.port}" in logged and "sk-proxy-token-123" not in logged
+
+
+async def test_a_proxys_own_refusal_over_plain_http_is_its_failure_not_the_upstreams_answer(
+        monkeypatch, guarded_proxy, upstream, proxy_factory, caplog):
+    through(monkeypatch, guarded_proxy)
+    monkeypatch.setenv("HTTP_PROXY", guarded_proxy.url.replace("://", "://sk-wrong-user:nope@"))
+    proxy = await proxy_factory(upstream.url)
+    status, body = await post(proxy, CHAT)
+    assert guarded_proxy.seen and guarded_proxy.seen[0].startswith("Basic ")  # it was asked, with the credentials
+    assert status == 502 and body["error"]["code"] == "upstream_unreachable"
+    for shown in ("407", "sk-wrong-user", "squid", "Denied", "egress"):
+        assert shown not in str(body)
+    assert upstream.requests == []  # it never got there
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert "407" in logged and "sk-wrong-user" not in logged and "nope" not in logged
 
 
 async def test_the_webhook_goes_through_the_proxy_too(monkeypatch, forward_proxy, upstream, proxy_factory):
@@ -166,7 +215,8 @@ def test_proxies_are_read_as_curl_reads_them():
     assert proxies.for_url(URL("http://vllm:8000/v1")).port == 3128
     for bypassed in ("http://localhost:11434/v1", "https://llm.internal.example/v1", "http://10.1.2.3/v1"):
         assert proxies.for_url(URL(bypassed)) is None
-    assert "secret" not in proxies.shown() and "user:***@egress.example" in proxies.shown()
+    assert "secret" not in proxies.shown() and "user" not in proxies.shown()
+    assert "***@egress.example" in proxies.shown()
     assert Proxies({}).for_url(URL("https://api.openai.com/v1")) is None
 
 
@@ -181,3 +231,29 @@ async def test_the_judge_goes_through_the_proxy_too(monkeypatch, forward_proxy, 
     assert status == 200 and await judged(upstream, 1)
     (judge,) = [r for r in upstream.requests if "X-Loopwarden-Judge" in r.headers]
     assert "tinyproxy" in judge.headers.get("Via", "")
+
+
+@pytest.mark.parametrize("no_proxy, url, bypassed", [
+    ("api.example.com:443", "https://api.example.com/v1", True),  # a host with its port
+    ("api.example.com:443", "http://api.example.com:8080/v1", False),  # another port goes through the proxy
+    ("10.0.0.0/8", "http://10.20.30.40:8000/v1", True),  # a CIDR block
+    ("10.0.0.0/8", "http://11.0.0.1/v1", False),
+    ("[::1]", "http://[::1]:11434/v1", True),  # a bracketed IPv6 address
+    ("::1", "http://[::1]:11434/v1", True),
+    ("[::1]:11434", "http://[::1]:11434/v1", True),
+    ("fd00::/8", "http://[fd12::5]/v1", True),
+    ("example.com.", "https://api.example.com/v1", True),  # a trailing dot on the entry
+    ("example.com", "https://api.example.com./v1", True),  # or on the host
+    (".example.com", "https://example.com/v1", True),
+    ("*.example.com", "https://llm.example.com/v1", True),
+    ("example.com", "https://notexample.com/v1", False),  # a name, not a string's end
+    ("EXAMPLE.com", "https://Api.Example.COM/v1", True),
+    ("localhost 127.0.0.1", "http://127.0.0.1:8000/v1", True),  # space-separated
+    ("*", "https://api.openai.com/v1", True),
+    ("", "https://api.openai.com/v1", False),
+])
+def test_no_proxy_is_matched_as_the_common_clients_match_it(no_proxy, url, bypassed):
+    from yarl import URL
+
+    proxies = Proxies({"https": "http://egress:3128", "http": "http://egress:3128", "no": no_proxy})
+    assert (proxies.for_url(URL(url)) is None) == bypassed

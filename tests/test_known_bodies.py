@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tracemalloc
 
 import orjson
 import pytest
@@ -50,9 +51,9 @@ WRITERS = [orjson.dumps, lambda v: json.dumps(v).encode(), lambda v: json.dumps(
 def test_the_scanner_finds_every_item_of_the_list_whatever_the_strings_hold(items, others, write):
     document = {**{k: v for k, v in others.items() if k != "messages"}, "messages": items, "z": others}
     raw = write(document)
-    start, end = member(raw, b"messages")
+    start, end, _ = member(raw, b"messages")
     assert orjson.loads(raw[start:end]) == orjson.loads(orjson.dumps(items))
-    ends, close = item_ends(raw, start + 1, False)
+    ends, close, _ = item_ends(raw, start + 1, False)
     assert close == end - 1 and len(ends) == len(items)
     begin = start + 1
     for item, stop in zip(items, ends):
@@ -106,10 +107,56 @@ def test_a_broken_or_unfinished_continuation_is_refused_as_a_whole_parse_refuses
 
 
 def test_the_bodies_kept_stay_within_their_budget():
-    bodies = KnownBodies(budget=10_000)
+    bodies = KnownBodies(budget=30_000)
     for n in range(20):
         bodies.parse(orjson.dumps({"messages": [{"content": "y" * 1000}] * 3}), "messages", lambda: n)
-    assert bodies.size <= 10_000 and len(bodies._bodies) == 3
+    assert bodies.held == sum(body.weight for body in bodies._bodies.values()) <= 30_000
+    assert [slot for slot in bodies._bodies] == list(range(20 - len(bodies._bodies), 20))  # the latest kept
+    assert len(bodies._bodies) >= 2
+
+
+def _tool_steps(n: int, text: str) -> list[dict]:
+    return [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}] + [
+        item for step in range(n) for item in chat_items(step, f"{text} {step}")]
+
+
+# Bodies as clients send them, and as a hostile one might: what the remembered bodies hold, measured, must be
+# within what their budget counts, whatever the text and however dense the JSON.
+HELD_SHAPES = {
+    "tool steps": lambda n: orjson.dumps({"model": "gpt", "messages": _tool_steps(40 + n, "read the file " * 8)}),
+    "CJK text": lambda n: orjson.dumps({"model": "gpt", "messages": _tool_steps(30 + n, "读取文件并修复测试" * 40)}),
+    "an emoji in ASCII text": lambda n: orjson.dumps({"model": "gpt", "messages": _tool_steps(
+        30 + n, "x" * 2000 + "😀")}),
+    "escaped characters": lambda n: json.dumps({"model": "gpt", "messages": _tool_steps(
+        30 + n, "é" * 500 + "😀")}).encode(),
+    "dense small parts": lambda n: orjson.dumps({"model": "gpt", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a"}] * (3000 + 10 * n)}] * 4}),
+    "a huge model name": lambda n: orjson.dumps({"model": "m" * 2_000_000 + str(n), "messages": _tool_steps(
+        20, "read")}),
+}
+
+
+@pytest.mark.parametrize("shape", list(HELD_SHAPES))
+def test_what_the_bodies_kept_hold_is_within_what_their_budget_counts(shape):
+    make, dialect = HELD_SHAPES[shape], ChatDialect()
+    bodies = KnownBodies(budget=1 << 40)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for session in range(3):
+            for step in range(3):  # a conversation growing: its next bodies continue the last
+                raw = bytes(memoryview(make(step)))  # its own size, as a server reads it (a writer's buffer is larger)
+                parsed = bodies.parse(raw, "messages", lambda: session)
+                previous = (parsed.reused, parsed.previous.reading) if parsed.previous is not None else None
+                conversation = dialect.read(parsed.payload, None, None, previous)
+                list(conversation.messages)  # every message read, as the inspection reads them
+                parsed.known.reading = conversation.reading
+                del raw, parsed, conversation, previous
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(bodies._bodies) == 3
+    assert held <= bodies.held <= 6 * held, (held, bodies.held)
 
 
 # -- each dialect's reading from where the previous request's ends ----------------------------------------------

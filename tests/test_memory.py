@@ -9,12 +9,20 @@ alone, in every dialect, streamed or not, warned, stopped or relayed as it came.
 from __future__ import annotations
 
 import gc
+import tracemalloc
+from types import SimpleNamespace
 
 import aiohttp
 import openai
+import orjson
 import pytest
 
+from proxy.config import build
+from proxy.inspection import Forward, Incoming, Inspector
+from proxy.lru import LRU
+from proxy.wire.chat import ChatDialect
 from tests.agent import Agent
+from tests.convo import conversation, step, steps, user
 from tests.fake_upstream import Turn
 
 LARGE = 400_000  # characters: far above anything the proxy allocates for itself
@@ -100,3 +108,76 @@ async def test_warned_and_stopped_requests_leave_no_cycle(upstream, proxy, no_co
     await agent.close()
     types, large = left_behind(cyclic_garbage())
     assert types == [] and large == []
+
+
+# -- what each per-session memory holds, against what its bound counts -----------------------------------------
+
+# Tasks of many steps, in the shapes that leave the most in a task state: each a new call, most answered by a
+# distinct error; long errors; parallel calls.
+LONG_TASKS = {
+    "distinct errors": lambda n, session: conversation(user(f"Fix the build of service {session}."), *[
+        step(f"tool_{k % 7}", {"path": f"src/m{k}.py", "line": k}, f"Error: E{k}: no such symbol s{k} in m{k}"
+             if k % 3 else f"content of m{k}") for k in range(n)]),
+    "long errors": lambda n, session: conversation(user(f"Fix the tests of service {session}."), *[
+        step("run", {"cmd": f"make t{k}"}, "Error: " + f"failure {k} " * 500) for k in range(n)]),
+    "parallel calls": lambda n, session: conversation(user(f"Survey service {session}."), *[
+        steps([(f"t{j}", {"p": f"{k}-{j}"}, f"Error: bad {k} {j}") for j in range(8)]) for k in range(n)]),
+}
+
+
+def freed_by(clear) -> int:
+    """Bytes freed by `clear()`, as tracemalloc traces them."""
+    gc.collect()
+    before = tracemalloc.get_traced_memory()[0]
+    clear()
+    gc.collect()
+    return before - tracemalloc.get_traced_memory()[0]
+
+
+@pytest.mark.parametrize("steps_per_session", [40, 300])
+@pytest.mark.parametrize("shape", list(LONG_TASKS))
+def test_what_session_memories_hold_is_within_what_their_bound_counts(shape, steps_per_session):
+    inspector = Inspector(build({}, environ={}), None)
+    sink = SimpleNamespace(episode=lambda *a, **k: None, recovery=lambda *a, **k: None)
+    tracemalloc.start()
+    try:
+        for session in range(4):
+            messages = LONG_TASKS[shape](steps_per_session, session)
+            for grown in (len(messages) // 2, len(messages)):  # seen first, then grown through the cache
+                payload = {"model": "m", "messages": messages[:grown]}
+                verdict = inspector.inspect(Incoming({"X-Session-Id": f"s{session}"}, orjson.dumps(payload),
+                                                     payload, ChatDialect()), sink)
+                assert isinstance(verdict, Forward)
+                del verdict, payload
+        counted = inspector._sessions.held
+        held = freed_by(inspector._sessions.clear)
+    finally:
+        tracemalloc.stop()
+    assert held <= counted <= 5 * held, (held, counted)  # never under, and not so far over that it keeps few
+
+
+def test_each_memory_bounded_by_bytes_forgets_its_oldest_past_its_budget():
+    kept = LRU(100, 10_000, lambda key, value: len(value))
+    for n in range(30):
+        kept.put(n, "x" * 1000)
+    assert kept.held == sum(len(v) for v in kept.values()) <= 10_000 and list(kept) == list(range(20, 30))
+    kept.put(29, "x" * 5000)  # put again, weighed again
+    assert kept.held == sum(len(v) for v in kept.values()) <= 10_000 and 29 in kept and 20 not in kept
+    kept.put("huge", "x" * 20_000)  # larger than the whole budget: not kept at all
+    assert "huge" not in kept and kept.held == 0 and len(kept) == 0
+
+
+async def test_metrics_show_what_each_cache_holds(upstream, proxy):
+    history = conversation(user("Summarise the logs."), *[step("read", {"p": k}, "line " * 40) for k in range(300)])
+    upstream.script.append(Turn(content="done"))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.url}/chat/completions", json={"model": "m", "messages": history},
+                             headers={"X-Session-Id": "long"}) as answer:
+            assert answer.status == 200
+        async with http.get(f"{proxy.root}/metrics") as answer:
+            text = await answer.text()
+    held = {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("loopwarden_cache_bytes{")}
+    assert set(held) == {"request_bodies", "sessions", "kept_calls", "responses", "latest_responses", "judge_checks"}
+    body = len(orjson.dumps({"model": "m", "messages": history}))
+    assert held["request_bodies"] > body and held["sessions"] > 300 * 1024  # the long body, the session's steps

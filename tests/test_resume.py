@@ -1,5 +1,6 @@
 """The way back after a stop: the stop's message carries a one-time link; the person opens it, confirms, and the
-agent's next request goes through. The link needs no admin token and unlocks nothing else."""
+agent's next request goes through. The link unlocks nothing else, and the agent, which was handed the link too,
+cannot use it: the resume needs the admin token where one is set, and a loopback client where none is."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import aiohttp
 import openai
 import pytest
 
+from proxy.server.app import GUARD
 from tests.agent import Agent
 from tests.fake_upstream import Turn
 from tests.test_alerts import loop_to_the_stop
@@ -37,7 +39,7 @@ async def fetch(method: str, url: str, **form) -> tuple[int, str]:
 
 
 def confirmation_in(page: str) -> str:
-    return re.search(r"name=confirm value=(\w+)", page).group(1)
+    return re.search(r"name=confirm value=([\w-]+)", page).group(1)
 
 
 async def test_the_link_resumes_the_stopped_session_once(upstream, proxy_factory):
@@ -48,22 +50,29 @@ async def test_the_link_resumes_the_stopped_session_once(upstream, proxy_factory
     # Nothing of the link went to the model: not in any request the upstream got.
     assert all("/loopwarden/resume/" not in str(body) for body in upstream.chat_requests)
 
-    status, page = await fetch("GET", link)  # no admin token needed
+    status, page = await fetch("GET", link)  # shown without the admin token, which the page asks for
     assert status == 200 and "night run" in page and "read_file" in page and "Resume the session" in page
+    assert "name=admin_token" in page
     with pytest.raises(openai.BadRequestError):
         await agent.turn()  # opening the link resumes nothing
-    status, _ = await fetch("POST", link)  # nor does a POST without the page's confirmation
-    assert status == 400
-
     confirm = confirmation_in(page)
-    status, page = await fetch("POST", link, confirm=confirm)
+    status, page = await fetch("POST", link, confirm=confirm)  # what an agent with the link could do: refused
+    assert status == 401 and "admin token" in page
+    status, _ = await fetch("POST", link, admin_token="admin-only")  # nor a POST without the page's value
+    assert status == 400
+    status, _ = await fetch("POST", link, confirm=confirm, admin_token="not-the-token")
+    assert status == 401
+    with pytest.raises(openai.BadRequestError):
+        await agent.turn()
+
+    status, page = await fetch("POST", link, confirm=confirm, admin_token="admin-only")
     assert status == 200 and "Resumed" in page
     upstream.script.append(Turn(content="I will read the tests instead."))
     answer = await agent.turn()
     assert answer["content"] == "I will read the tests instead."  # forwarded, with a fresh warning budget
     assert "[loopwarden]" not in str(upstream.chat_requests[-1]["messages"][-3:])
 
-    status, page = await fetch("POST", link, confirm=confirm)
+    status, page = await fetch("POST", link, confirm=confirm, admin_token="admin-only")
     assert status == 410 and "Already resumed" in page  # spent
     status, _ = await fetch("GET", link.rsplit("/", 1)[0] + "/forged-token-123")
     assert status == 404
@@ -173,3 +182,66 @@ async def test_a_link_for_a_long_unusual_session_id_lands_in_either_database(ups
     status, _ = await fetch("POST", link, confirm=confirmation_in(page))
     assert status == 200
     await agent.close()
+
+
+async def test_the_pages_value_is_drawn_by_the_server_once_per_showing(upstream, proxy_factory):
+    """The value the button sends is not derived from the link: each showing draws a new one, only the latest
+    counts, and it is spent with the link."""
+    proxy = await proxy_factory(upstream.url)
+    agent = Agent(proxy.url, headers={"X-Loopwarden-Session": "drawn"})
+    link = await stopped(agent, upstream)
+    _, first = await fetch("GET", link)
+    _, second = await fetch("GET", link)
+    assert confirmation_in(first) != confirmation_in(second)
+    status, _ = await fetch("POST", link, confirm=confirmation_in(first))  # replaced by the later showing
+    assert status == 400
+    status, _ = await fetch("POST", link, confirm=confirmation_in(second))
+    assert status == 200
+    await agent.close()
+
+
+async def test_a_link_expires_and_retention_forgets_it(upstream, proxy_factory, tmp_path):
+    database = f"sqlite+aiosqlite:///{tmp_path}/expiry.db"
+    proxy = await proxy_factory(upstream.url, database_url=database, resume_link_ttl=1 / 3600)  # one second
+    agent = Agent(proxy.url, headers={"X-Loopwarden-Session": "left overnight"})
+    link = await stopped(agent, upstream)
+    status, page = await fetch("GET", link)
+    assert status == 200
+    await asyncio.sleep(1.2)
+    status, expired = await fetch("GET", link)
+    assert status == 410 and "expired" in expired
+    status, _ = await fetch("POST", link, confirm=confirmation_in(page))
+    assert status == 410
+    with pytest.raises(openai.BadRequestError):
+        await agent.turn()  # still stopped
+    store = proxy.runner.app[GUARD].store
+    assert await store.prune_resume_links() == 1
+    status, _ = await fetch("GET", link)
+    assert status == 404
+    await agent.close()
+
+
+async def test_alerts_link_to_the_public_url_only_whatever_host_the_client_names(upstream, proxy_factory):
+    from tests.test_alerts import Receiver
+
+    receiver = Receiver()
+    hook = await receiver.start()
+    try:
+        for public_url in (None, "https://lw.example.com"):
+            proxy = await proxy_factory(upstream.url, webhook_url=hook, public_url=public_url)
+            agent = Agent(proxy.url, headers={"X-Loopwarden-Session": f"host {public_url}",
+                                              "Host": "evil.example"})
+            refused = await loop_to_the_stop(agent, upstream)
+            link = LINK.search(refused.message)
+            (alert,) = await receiver.until(1)
+            receiver.received.clear()
+            assert "evil.example" not in str(alert)
+            if public_url is None:  # no link for operators without PUBLIC_URL
+                assert alert["resume_url"] is None and "/loopwarden/resume/" not in alert["text"]
+                assert link and "evil.example" in link.group(1)  # the client is told the address it used
+            else:
+                assert alert["resume_url"].startswith("https://lw.example.com/loopwarden/resume/")
+                assert "https://lw.example.com/loopwarden/resume/" in refused.message
+            await agent.close()
+    finally:
+        await receiver.runner.cleanup()

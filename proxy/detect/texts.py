@@ -27,7 +27,7 @@ def warning_text(episode: Episode | Told) -> str:
 def stop_text(episode: Episode | Told, resume_link: str | None = None) -> str:
     """The stop's message, for the person running the agent: with the link that lets the session go on."""
     warned = f"after {episode.limit} warning{'s' if episode.limit != 1 else ''}" if episode.limit else "at once"
-    resume = f" To let it go on as it was, open {resume_link}" if resume_link else ""
+    resume = f" For the person running the agent: open {resume_link} to let it go on as it was." if resume_link else ""
     return (f"{INJECTED_PREFIX}Loop detected ({episode.evidence.type}): {episode.evidence.describe()}. The task was "
             f"stopped {warned}; the request was not sent upstream. Send a new user message to start a new task.{resume}")
 

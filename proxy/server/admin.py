@@ -38,7 +38,7 @@ class _Denied(Exception):
         self.message = message
 
 
-def _is_loopback(request: web.Request) -> bool:
+def is_loopback(request: web.Request) -> bool:
     try:
         return ipaddress.ip_address(request.remote or "").is_loopback
     except ValueError:
@@ -54,7 +54,7 @@ def caller_tenant(request: web.Request, admin_token: str | None) -> str | None:
         if not key:
             raise _Denied(401, "an Authorization: Bearer token is required")
         return tenant_of(key)
-    if not _is_loopback(request):
+    if not is_loopback(request):
         raise _Denied(403, "the admin API answers only loopback clients when no ADMIN_TOKEN is set")
     return tenant_of(key) if key else ALL_TENANTS
 

@@ -523,9 +523,11 @@ def create_app(settings: Settings) -> web.Application:
     store = Store(settings.database_url, settings.log_buffer_size, on_drop=metrics.log_dropped.inc,
                   on_reject=metrics.log_rejected.inc,
                   response_retention_days=settings.response_retention_days,
-                  detection_retention_days=settings.detection_retention_days)
+                  detection_retention_days=settings.detection_retention_days,
+                  resume_link_ttl_hours=settings.resume_link_ttl)
     guard = guard_module.Guard(settings, store, metrics)
     metrics.log_failing.set_function(store.writer.failing_for)
+    metrics.watch_caches(guard.caches())
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app[GUARD] = guard

@@ -143,3 +143,8 @@ class Guard:
 
     def known_message_counts(self) -> dict:
         return self.inspector.known_message_counts()
+
+    def caches(self) -> dict:
+        """The memories bounded in bytes, by name: each has `held`, the bytes it holds as its bound counts them."""
+        return {"request_bodies": self.bodies, **self.inspector.caches(),
+                **(self.store.caches() if self.store is not None else {})}

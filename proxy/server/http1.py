@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import socket
 import ssl
 import urllib.request
@@ -43,6 +44,12 @@ class ConnectFailed(UpstreamError):
     def __init__(self, os_error: OSError) -> None:
         super().__init__(str(os_error))
         self.os_error = os_error
+
+
+class ForwardProxyFailed(ConnectFailed):
+    """The forward proxy on the way refused or failed the request: the proxy's failure, not the upstream's
+    answer. `os_error` holds the detail for the operator's log (the proxy's credentials masked); a client is
+    told none of it."""
 
 
 class ConnectionBroken(UpstreamError):
@@ -415,13 +422,13 @@ async def _tunnel(loop: asyncio.AbstractEventLoop, via: ForwardProxy, host: str,
         while b"\r\n\r\n" not in answer:  # the proxy's head only: nothing follows it before the tunnel is used
             data = await loop.sock_recv(sock, 4096)
             if not data:
-                raise OSError(f"the forward proxy {via.shown()} closed the tunnel before answering")
+                raise OSError("it closed the tunnel before answering")
             answer += data
             if len(answer) > MAX_FIELD and b"\r\n\r\n" not in answer:
-                raise OSError(f"the forward proxy {via.shown()} answered the tunnel with a head over {MAX_FIELD} bytes")
+                raise OSError(f"it answered the tunnel with a head over {MAX_FIELD} bytes")
         status_line = answer.split(b"\r\n", 1)[0].decode("latin-1")
         if status_line.split(" ")[1:2] != ["200"]:
-            raise OSError(f"the forward proxy {via.shown()} refused the tunnel to {authority}: {status_line[:200]}")
+            raise OSError(f"it refused the tunnel to {authority}: {status_line[:200]!r}")
     except BaseException:
         sock.close()
         raise
@@ -453,17 +460,18 @@ class ForwardProxy:
             if parsed.user is not None else None
 
     def shown(self) -> str:
-        """Its URL as a log line may show it: the password masked."""
-        return str(self.url.with_password("***") if self.url.password else self.url)
+        """Its URL as a log line may show it: the whole user-info masked (some proxies take a token as the user
+        name)."""
+        shown = str(self.url.with_user(None))
+        return shown.replace("://", "://***@", 1) if self.url.user is not None else shown
 
 
 class Proxies:
     """Which forward proxy a request goes through: `https` for https upstreams, `http` for http ones, none for a
-    host `no` names (a name, a domain suffix, an address, `*`), as urllib reads the environment's `HTTPS_PROXY`,
-    `HTTP_PROXY` and `NO_PROXY` (either case)."""
+    host `no` names, from the environment's `HTTPS_PROXY`, `HTTP_PROXY` and `NO_PROXY` (either case)."""
 
     def __init__(self, found: Mapping[str, str]) -> None:
-        self._no_proxy = found.get("no", "")
+        self._no_proxy = NoProxy(found.get("no", ""))
         self.by_scheme = {scheme: ForwardProxy(url) for scheme, url in found.items()
                           if scheme in ("http", "https") and url}
 
@@ -473,14 +481,60 @@ class Proxies:
 
     def for_url(self, url: URL) -> ForwardProxy | None:
         via = self.by_scheme.get(url.scheme)
-        if via is None or (self._no_proxy and urllib.request.proxy_bypass_environment(
-                url.host or "", {"no": self._no_proxy})):
+        if via is None or self._no_proxy.bypasses(url.raw_host or "", url.port):
             return None
         return via
 
     def shown(self) -> str:
         """The proxies in use, for the start line (passwords masked); "" when none."""
         return ", ".join(f"{scheme} via {via.shown()}" for scheme, via in sorted(self.by_scheme.items()))
+
+
+class NoProxy:
+    """`NO_PROXY` as curl, Go and the common SDKs read it: entries split by commas or spaces, each `*` (every
+    host), an address or a CIDR block (`10.0.0.0/8`, `[::1]`, `::1`), or a name matching itself and the names
+    under it (`example.com`, `.example.com` and `*.example.com` alike); an entry may name a port
+    (`api.example.com:443`, `[::1]:8080`), then only that port is bypassed; case and a trailing dot do not
+    count."""
+
+    def __init__(self, value: str) -> None:
+        self.everything = False
+        self.networks: list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int | None]] = []
+        self.names: list[tuple[str, int | None]] = []
+        for entry in value.replace(",", " ").lower().split():
+            if entry == "*":
+                self.everything = True
+                continue
+            host, port = _host_and_port(entry)
+            try:
+                self.networks.append((ipaddress.ip_network(host, strict=False), port))
+            except ValueError:
+                host = host.rstrip(".").removeprefix("*").lstrip(".")
+                if host:
+                    self.names.append((host, port))
+
+    def bypasses(self, host: str, port: int | None) -> bool:
+        if self.everything:
+            return True
+        host = host.strip("[]").lower().rstrip(".")
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return any((wanted is None or wanted == port) and (host == name or host.endswith("." + name))
+                       for name, wanted in self.names)
+        return any((wanted is None or wanted == port) and address in network for network, wanted in self.networks)
+
+
+def _host_and_port(entry: str) -> tuple[str, int | None]:
+    """An entry's host and port: `[v6]:port`, `host:port`, or a bare host (an IPv6 address has colons of its
+    own)."""
+    if entry.startswith("["):
+        host, _, rest = entry[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else None
+    host, colon, port = entry.rpartition(":")
+    if colon and port.isdigit() and ":" not in host:
+        return host, int(port)
+    return entry, None
 
 
 class UpstreamClient:
@@ -519,6 +573,7 @@ class UpstreamClient:
         if pool is None:
             pool = self._pools[key] = _Pool(loop, self._keepalive)
         connection = pool.take() or await self._connect(loop, url, via)
+        plain_via = via if url.scheme == "http" else None
         response = UpstreamResponse(connection, pool)
         sending: asyncio.Task | None = None
         try:
@@ -534,6 +589,10 @@ class UpstreamClient:
                 sent()
             while not response.headers_read:
                 await connection.wait()
+            if plain_via is not None and response.status == 407:  # the forward proxy's own refusal
+                response.keep_alive = False
+                raise ForwardProxyFailed(OSError(f"the forward proxy {plain_via.shown()} asked for credentials "
+                                                 f"(407) on {method} {url.origin()}"))
             if sending is not None and not sending.done() or connection.transport.get_write_buffer_size():
                 # An early answer: the rest of the body is dropped, and the connection is not used again.
                 response.keep_alive = False
@@ -569,6 +628,8 @@ class UpstreamClient:
         except TimeoutError:  # an OSError too, but a timeout (504), not a refusal
             raise
         except OSError as exc:  # refused, unreachable, not resolved, or a certificate not trusted
+            if via is not None:
+                raise ForwardProxyFailed(OSError(f"through the forward proxy {via.shown()}: {exc}")) from exc
             raise ConnectFailed(exc) from exc
         return connection
 

@@ -49,11 +49,19 @@ class Metrics:
                                     "kept in the dead_letters table", registry=r)
         self.log_failing = Gauge("loopwarden_log_writer_failing_seconds", "Seconds the log writer has been failing "
                                  "to write (0 when it writes)", registry=r)
+        # Read when scraped: each memory bounded in bytes (`proxy.lru.LRU`, the long-body cache), as its bound counts.
+        self.cache_bytes = Gauge("loopwarden_cache_bytes", "Bytes each in-memory cache holds, as its bound counts them "
+                                 "(at most what it holds)", ["cache"], registry=r)
         self.judge_checks = Counter("loopwarden_judge_checks", "Judge checks, by outcome", ["outcome"], registry=r)
         self.judge_tokens = Counter("loopwarden_judge_tokens", "Tokens the judge used", registry=r)
         self.webhook_deliveries = Counter("loopwarden_webhook_deliveries",
                                           "Alerts to WEBHOOK_URL, by outcome (sent, failed after retries, dropped "
                                           "with the queue full)", ["outcome"], registry=r)
+
+    def watch_caches(self, caches: dict) -> None:
+        """Each cache's bytes (`held`), read when scraped."""
+        for name, cache in caches.items():
+            self.cache_bytes.labels(name).set_function(lambda cache=cache: cache.held)
 
     def served(self, route: str, status: int) -> None:
         """Count one answer. The labelled child is looked up once per route and status, not per request."""

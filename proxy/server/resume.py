@@ -1,14 +1,17 @@
 """`/loopwarden/resume/<token>`: the person running an agent lets a stopped session go on.
 
-A stop's message names a one-time link bound to its session and task (SPEC §4). It needs no admin token and
-unlocks nothing else: GET shows what will be resumed, and a button POSTs the confirmation value the page holds,
-so a tool that only fetches the link resumes nothing. Used once, the link is spent; the resume resets the
-session as an operator's reset does, and is kept (the link's use) for the session's timeline.
+A stop's message names a one-time link bound to its session and task (SPEC §4); it unlocks nothing else. GET
+shows what will be resumed and changes nothing; a button POSTs a value drawn for that showing of the page (kept
+hashed, never derived from the link), so a tool that only fetches the link resumes nothing. The agent was
+handed the link too, so the resume needs what the agent does not have: the ADMIN_TOKEN, where one is set; with
+none, only a loopback client can resume, as only a loopback client can use the page (what that does not keep
+out: an agent running on the proxy's own machine with a shell). Used once, the link is spent; unused, it
+expires after RESUME_LINK_TTL hours. The resume resets the session as an operator's reset does, and is kept (the
+link's use) for the session's timeline.
 """
 
 from __future__ import annotations
 
-import hashlib
 import html
 import secrets
 
@@ -16,6 +19,7 @@ from aiohttp import web
 from sqlalchemy import select
 
 from proxy.detect.actions import Action
+from proxy.server.admin import is_loopback
 from proxy.server.guard import Guard
 from proxy.store.models import Detection
 from proxy.store.queries import shown
@@ -28,11 +32,6 @@ HEADERS = {
 }
 
 
-def confirmation(token: str) -> str:
-    """The value the page's button sends back: shown by the page, not in the link."""
-    return hashlib.sha256(f"resume\x00{token}".encode()).hexdigest()[:24]
-
-
 def _page(status: int, title: str, body: str) -> web.Response:
     text = (f"<!doctype html><html lang=en><meta charset=utf-8><title>{html.escape(title)} · loopwarden</title>"
             f"<link rel=stylesheet href=/loopwarden/static/style.css><main class=resume><h1>{html.escape(title)}</h1>"
@@ -41,7 +40,7 @@ def _page(status: int, title: str, body: str) -> web.Response:
 
 
 def routes(guard: Guard) -> list[web.RouteDef]:
-    store = guard.store
+    store, admin_token = guard.store, guard.settings.admin_token
 
     async def stop_of(link: dict) -> str:
         """The message of the stop the link answers (the latest of its task; the log is flushed by the lookup of
@@ -53,8 +52,8 @@ def routes(guard: Guard) -> list[web.RouteDef]:
                 .order_by(Detection.id.desc()).limit(1))).first()
         return shown(row) if row is not None else ""
 
-    async def show(request: web.Request) -> web.Response:
-        token = request.match_info["token"]
+    async def unusable(token: str) -> web.Response | None:
+        """The page for a link that cannot be used (never issued, spent, expired); None for one that can."""
         link = await store.resume_link(token)
         if link is None:
             return _page(404, "No such link", "<p>This resume link was never issued.</p>")
@@ -62,23 +61,50 @@ def routes(guard: Guard) -> list[web.RouteDef]:
         if link["used_at"] is not None:
             return _page(410, "Already resumed", f"<p>Session <code>{session}</code> was resumed with this link "
                                                  f"already; a link lets a session go on once.</p>")
+        if link["expired"]:
+            return _page(410, "Link expired", f"<p>This link to resume session <code>{session}</code> has expired. "
+                                              f"An operator can still resume it from the page or with "
+                                              f"<code>loopwarden resume</code>.</p>")
+        return None
+
+    async def show(request: web.Request) -> web.Response:
+        token = request.match_info["token"]
+        refused = await unusable(token)
+        if refused is not None:
+            return refused
+        link = await store.resume_link(token)
         stopped = html.escape(await stop_of(link))
+        asked = ("<p><label>Admin token <input type=password name=admin_token autocomplete=current-password "
+                 "required></label></p>") if admin_token else ""
         return _page(200, "Resume this session?",
-                     f"<p>Session <code>{session}</code> was stopped:</p><blockquote>{stopped}</blockquote>"
+                     f"<p>Session <code>{html.escape(link['session_id'])}</code> was stopped:</p>"
+                     f"<blockquote>{stopped}</blockquote>"
                      f"<p>Resuming forgives its warnings and the stop: the agent's next request goes through, with "
                      f"its warnings counted afresh.</p><form method=post>"
-                     f"<input type=hidden name=confirm value={confirmation(token)}>"
+                     f"<input type=hidden name=confirm value={await store.resume_confirmation(token)}>{asked}"
                      f"<button type=submit>Resume the session</button></form>")
 
     async def resume(request: web.Request) -> web.Response:
         token = request.match_info["token"]
         form = await request.post()
-        if not secrets.compare_digest(str(form.get("confirm", "")), confirmation(token)):
-            return _page(400, "Not resumed", "<p>Open the link and use its button to resume the session.</p>")
-        link = await store.use_resume_link(token, guard.known_message_counts())
+        if admin_token:
+            if not secrets.compare_digest(str(form.get("admin_token", "")).encode(), admin_token.encode()):
+                return _page(401, "Not resumed", "<p>Resuming needs the admin token: open the link and enter it "
+                                                 "with the page's button.</p>")
+        elif not is_loopback(request):
+            return _page(403, "Not resumed", "<p>With no ADMIN_TOKEN set, a session is resumed only from the "
+                                             "proxy's own machine.</p>")
+        refused = await unusable(token)
+        if refused is not None:
+            return refused
+        link = await store.use_resume_link(token, str(form.get("confirm", "")), guard.known_message_counts())
         if link is None:
-            return await show(request)  # never issued (404), or spent already (410)
+            refused = await unusable(token)  # another use at the same moment spent it
+            return refused or _page(400, "Not resumed", "<p>Open the link and use its button to resume the "
+                                                        "session.</p>")
         return _page(200, "Resumed", f"<p>Session <code>{html.escape(link['session_id'])}</code> goes on: its "
-                                     f"next request is forwarded.</p>")
+                                     f"next request is forwarded, with its warnings counted afresh. Nothing "
+                                     f"more to do here: the agent goes on when it next asks (an agent that "
+                                     f"exited on the stop must be started again).</p>")
 
     return [web.get("/loopwarden/resume/{token}", show), web.post("/loopwarden/resume/{token}", resume)]

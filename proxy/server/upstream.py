@@ -13,7 +13,8 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.config import Settings, shown_url
-from proxy.server.http1 import ConnectFailed, Proxies, UpstreamClient, UpstreamError, UpstreamResponse
+from proxy.server.http1 import (
+    ConnectFailed, ForwardProxyFailed, Proxies, UpstreamClient, UpstreamError, UpstreamResponse)
 from proxy.wire.dialect import Dialect
 from proxy.wire.errors import error_body
 
@@ -109,6 +110,12 @@ async def send_upstream(client: UpstreamClient, method: str, url: URL, headers: 
     except TimeoutError as exc:
         failure = UpstreamFailure(504, "upstream_timeout", f"upstream did not answer in time ({shown_url(str(url))})")
         cause: BaseException = exc
+    except ForwardProxyFailed as exc:  # the operator's proxy: its address, credentials and words stay in the log
+        failure = UpstreamFailure(502, "upstream_unreachable",
+                                  f"upstream {shown_url(str(url.origin()))} unreachable: the way out to it failed "
+                                  f"(the proxy's log says why)")
+        log.warning("%s %s: %s", method, shown_url(str(url.with_query(None))), exc.os_error)
+        raise failure from exc
     except ConnectFailed as exc:
         failure = UpstreamFailure(502, "upstream_unreachable",
                                   f"upstream {shown_url(str(url.origin()))} unreachable: {exc.os_error}")

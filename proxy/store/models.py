@@ -214,5 +214,6 @@ class ResumeLink(Base):
     task: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(DateTime())
     used_at: Mapped[datetime | None] = mapped_column(DateTime())
+    confirm_hash: Mapped[str | None] = mapped_column(String(64))  # the value its page showed last, hashed
 
     __table_args__ = (Index("ix_resume_links_session", "tenant", "session_id"),)

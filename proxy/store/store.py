@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from sys import getsizeof
 
 from sqlalchemy import and_, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -35,6 +37,10 @@ PRUNE_BATCH = 1000  # detections deleted per transaction: the writer never waits
 CACHED_RESPONSES = 20_000  # responses kept in memory for chained requests (each bounded, see below)
 JUDGED_SESSIONS = 20_000  # sessions whose judge checks are kept in memory, least recently judged out
 CHECKS_PER_SESSION = 64  # the latest checks of each (the judge checks a task every few turns)
+# What the memories of kept responses and judge checks may hold, in bytes as their weights count them (at most)
+RESPONSES_BYTES = 128 * 1024 * 1024
+LATEST_BYTES = 16 * 1024 * 1024
+CHECKS_BYTES = 32 * 1024 * 1024
 MAX_CHAIN = 5_000  # responses followed back from one request
 MAX_STORED_TEXT = 16_000  # characters kept of each message's text and each call's arguments
 WRITER_FAILING_READY = 30.0  # seconds of failing writes after which /readyz says the proxy is not ready
@@ -62,22 +68,41 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def _response_weight(key: tuple[str, str], stored: StoredResponse) -> int:
+    """What a kept response holds: its messages' texts and calls' arguments (a client's size), and the records."""
+    weight = 512 + getsizeof(key[1])
+    for record in stored.messages:
+        weight += 400 + getsizeof(record.get("content") or "")
+        for call in record.get("tool_calls") or ():
+            weight += 400 + getsizeof(call["function"]["arguments"])
+    return weight
+
+
+def _checks_weight(key: tuple[str, str], checks: LRU) -> int:
+    """What a session's remembered judge checks hold: each check's analysis (a model's words), and its record."""
+    return 512 + getsizeof(key[1]) + sum(300 + getsizeof(check.analysis) for check in checks.values())
+
+
 class Store:
     def __init__(self, database_url: str, buffer_size: int = 10_000, on_drop=None,
                  response_retention_days: float = 30.0, detection_retention_days: float | None = None,
-                 on_reject=None) -> None:
+                 on_reject=None, resume_link_ttl_hours: float = 24.0) -> None:
         self.database_url = database_url
         self.engine: AsyncEngine = create_engine(database_url)
         self.writer = LogWriter(database_url, buffer_size, on_drop=on_drop, on_reject=on_reject)
         self._controls: dict[tuple[str, str], Controls] = {}
-        self._checks = LRU(JUDGED_SESSIONS)  # (tenant, session) -> LRU of (task, turn) -> JudgeCheck
+        # (tenant, session) -> LRU of (task, turn) -> JudgeCheck
+        self._checks = LRU(JUDGED_SESSIONS, CHECKS_BYTES, _checks_weight)
         self._controls_seen: datetime | None = None
         self._checks_seen = 0
         self._poller: asyncio.Task | None = None
         self.response_retention = timedelta(days=response_retention_days)
         self.detection_retention = timedelta(days=detection_retention_days) if detection_retention_days else None
-        self._responses = LRU(CACHED_RESPONSES)  # (tenant, response id) -> StoredResponse
-        self._latest = LRU(CACHED_RESPONSES)  # (tenant, conversation) -> its latest response
+        self.resume_link_ttl = timedelta(hours=resume_link_ttl_hours)
+        # (tenant, response id) -> StoredResponse; (tenant, conversation) -> its latest response
+        self._responses = LRU(CACHED_RESPONSES, RESPONSES_BYTES, _response_weight)
+        self._latest = LRU(CACHED_RESPONSES, LATEST_BYTES,
+                           lambda key, latest: 256 + getsizeof(key[1]) + getsizeof(latest))
         self._tenants: set[str] = set()  # key hashes that have sessions (one entry per client key)
         self._maintainer: asyncio.Task | None = None
         self._rebuilding = False
@@ -149,6 +174,10 @@ class Store:
         if found is not None:
             self._tenants.add(tenant)
         return found is not None
+
+    def caches(self) -> dict:
+        """The memories bounded in bytes (for /metrics)."""
+        return {"responses": self._responses, "latest_responses": self._latest, "judge_checks": self._checks}
 
     # -- Responses conversations the service keeps --------------------------------------------------------
 
@@ -349,8 +378,9 @@ class Store:
                                      "task": task, "created_at": utcnow(), "used_at": None})
 
     async def resume_link(self, token: str) -> dict | None:
-        """What a link would resume: its session, task and whether it was used; None for a token never issued.
-        (A link this replica named moments ago may still be in the log's buffer: written first.)"""
+        """What a link would resume: its session, task, whether it was used and whether it has expired; None for
+        a token never issued. (A link this replica named moments ago may still be in the log's buffer: written
+        first.)"""
         await self.writer.flush()
         async with self.engine.connect() as connection:
             row = (await connection.execute(select(ResumeLink).where(
@@ -358,22 +388,47 @@ class Store:
         if row is None:
             return None
         return {"tenant": row.tenant, "session_id": row.session_id, "task": row.task,
-                "created_at": row.created_at, "used_at": row.used_at}
+                "created_at": row.created_at, "used_at": row.used_at,
+                "expired": row.created_at < utcnow() - self.resume_link_ttl}
 
-    async def use_resume_link(self, token: str, known_counts: dict | None = None) -> dict | None:
-        """Spend the link and reset its session, as an operator's reset does; None when it was never issued or
-        is spent already (a second use, or another replica's at the same moment, changes nothing)."""
+    async def resume_confirmation(self, token: str) -> str:
+        """A new one-time value for the link's page to send back: drawn here and kept only as a hash, so it
+        cannot be derived from the token, and each showing of the page replaces the one before."""
+        value = secrets.token_urlsafe(18)
+        async with self.engine.begin() as connection:
+            await connection.execute(update(ResumeLink).where(ResumeLink.token_hash == token_hash(token))
+                                     .values(confirm_hash=token_hash(value)))
+        return value
+
+    async def use_resume_link(self, token: str, confirmation: str,
+                              known_counts: dict | None = None) -> dict | None:
+        """Spend the link and reset its session, as an operator's reset does, when `confirmation` is the value
+        its page showed last; None when it was never issued, is spent or expired, or the value is not that one
+        (a second use, or another replica's at the same moment, changes nothing)."""
         link = await self.resume_link(token)
-        if link is None or link["used_at"] is not None:
+        if link is None or link["used_at"] is not None or link["expired"]:
             return None
         async with self.engine.begin() as connection:
             spent = await connection.execute(update(ResumeLink).where(
-                ResumeLink.token_hash == token_hash(token), ResumeLink.used_at.is_(None)).values(used_at=utcnow()))
+                ResumeLink.token_hash == token_hash(token), ResumeLink.used_at.is_(None),
+                ResumeLink.confirm_hash == token_hash(confirmation)).values(used_at=utcnow(), confirm_hash=None))
         if spent.rowcount != 1:
             return None
         await self.set_controls(link["session_id"], link["tenant"], reset=True, known_counts=known_counts)
         log.info("session %s resumed by its stop's link (task %s)", link["session_id"], link["task"])
         return link
+
+    async def prune_resume_links(self) -> int:
+        """Forget links past their use: unused ones once expired; used ones (a resume on a session's timeline)
+        with the detections, past DETECTION_RETENTION_DAYS."""
+        now = utcnow()
+        spent = ResumeLink.used_at.is_(None)
+        if self.detection_retention is not None:
+            spent = spent | (ResumeLink.used_at < now - self.detection_retention)
+        async with self.engine.begin() as connection:
+            result = await connection.execute(delete(ResumeLink).where(
+                ResumeLink.created_at < now - self.resume_link_ttl, spent))
+        return result.rowcount or 0
 
     # -- keeping the memory fresh -----------------------------------------------------------------------------
 
@@ -398,6 +453,7 @@ class Store:
                     pruned_at = loop.time()
                     await self.prune_responses()
                     await self.prune_detections()
+                    await self.prune_resume_links()
             except Exception as exc:
                 log.debug("log maintenance failed: %s", exc)
             await asyncio.sleep(CHECK_COUNTS_EVERY)

@@ -30,10 +30,14 @@ except ImportError:  # not built: bodies are parsed whole
 
 # Below this a body is parsed whole: cheaper than remembering it.
 LONG_BODY = 64 * 1024
-# The bodies remembered, all sessions together (their items as parsed and read take 1.5-2 times as much again:
-# at most about 400 MB in all); the least recently used go first, and their sessions' next requests are parsed
-# whole.
-KNOWN_BYTES = 128 * 1024 * 1024
+# What the remembered bodies may hold, all sessions together: each body's bytes, what parsing and reading it
+# built, and its slot, as `KnownBody.weight` counts them (at most); the least recently used go first, and their
+# sessions' next requests are parsed whole.
+KNOWN_BYTES = 256 * 1024 * 1024
+# What a dialect's reading of one item holds (a message read lazily, its calls' places), at most, beside the text
+# the item's own strings hold (counted with the item's text), and what one remembered body's slot and entry hold.
+READ_BYTES = 640
+ENTRY_BYTES = 512
 
 
 @dataclass(slots=True, eq=False)
@@ -47,8 +51,15 @@ class KnownBody:
     items: list  # the list's items, parsed
     ends: list[int]  # the offset just past each item
     close: int  # the offset of the list's closing `]`
+    head_weight: int  # what the parsed head holds, in bytes (at most)
+    items_weight: int  # what the parsed items and their reading hold, in bytes (at most)
     reading: Any = None  # what the dialect read from the items, for it to reuse (`Dialect.read`)
     forwardable: bool = False  # it went upstream as it came (`Dialect.forwardable`): its items hold nothing to cut
+
+    @property
+    def weight(self) -> int:
+        """What remembering it holds, in bytes (at most): its text, its parse and reading, its slot."""
+        return len(self.raw) + self.head_weight + self.items_weight + ENTRY_BYTES
 
 
 @dataclass(slots=True)
@@ -65,7 +76,7 @@ class KnownBodies:
 
     def __init__(self, budget: int = KNOWN_BYTES) -> None:
         self.budget = budget
-        self.size = 0
+        self.held = 0  # bytes, as the bodies' weights count them
         self._bodies: OrderedDict[Hashable, KnownBody] = OrderedDict()
 
     def parse(self, raw: bytes, key: str | None, slot_of: Callable[[], Hashable]) -> Parsed:
@@ -77,7 +88,7 @@ class KnownBodies:
         slot = slot_of()
         previous = self._bodies.pop(slot, None)
         if previous is not None:
-            self.size -= len(previous.raw)
+            self.held -= previous.weight
             parsed = _continued(previous, raw, key) if previous.key == key else None
             if parsed is not None:
                 self._remember(slot, parsed.known)
@@ -90,9 +101,9 @@ class KnownBodies:
 
     def _remember(self, slot: Hashable, known: KnownBody) -> None:
         self._bodies[slot] = known
-        self.size += len(known.raw)
-        while self.size > self.budget and self._bodies:
-            self.size -= len(self._bodies.popitem(last=False)[1].raw)
+        self.held += known.weight
+        while self.held > self.budget and self._bodies:
+            self.held -= self._bodies.popitem(last=False)[1].weight
 
 
 def _first(raw: bytes, key: str, payload: Any) -> KnownBody | None:
@@ -102,12 +113,16 @@ def _first(raw: bytes, key: str, payload: Any) -> KnownBody | None:
     span = member(raw, key.encode())
     if span is None or raw[span[0]] != 0x5B:  # `[`
         return None
-    found = item_ends(raw, span[0] + 1, False)
+    start, _, head_built = span
+    found = item_ends(raw, start + 1, False)
     if found is None or len(found[0]) != len(items):
         return None
-    head = orjson.loads(raw[:span[0]] + b"0}")
+    ends, close, items_built = found
+    head = orjson.loads(raw[:start] + b"0}")
     del head[key]
-    return KnownBody(raw, key, span[0] + 1, head, items, *found)
+    return KnownBody(raw, key, start + 1, head, items, ends, close,
+                     _text_weight(raw, 0, start) + head_built + _CONTAINER,
+                     _text_weight(raw, start + 1, close) + items_built + READ_BYTES * len(items))
 
 
 def _continued(previous: KnownBody, raw: bytes, key: str) -> Parsed | None:
@@ -121,7 +136,7 @@ def _continued(previous: KnownBody, raw: bytes, key: str) -> Parsed | None:
     found = item_ends(raw, start, reused > 0)
     if found is None:
         return None
-    ends, close = found
+    ends, close, built = found
     # The rest as a document of its own: the list (behind a placeholder item where it continues) and the
     # members after it.
     opening = b'{"' + key.encode() + (b'":[0' if reused else b'":[')
@@ -135,9 +150,24 @@ def _continued(previous: KnownBody, raw: bytes, key: str) -> Parsed | None:
     items = previous.items[:reused] + (new[1:] if reused else new)
     rest[key] = items
     payload = {**previous.head, **rest}
+    # The items kept hold what they held in the previous body (a share of it, by their bytes, when some were left)
+    shared_weight = previous.items_weight if reused == len(previous.items) else \
+        previous.items_weight * (start - previous.list_start) // max(1, previous.close - previous.list_start)
     known = KnownBody(raw, key, previous.list_start, previous.head, items, previous.ends[:reused] + ends, close,
+                      previous.head_weight,
+                      shared_weight + _text_weight(raw, start, close) + built + READ_BYTES * len(ends),
                       previous.reading)
     return Parsed(raw, payload, reused, previous, known)
+
+
+_CONTAINER = 232  # a parsed dict's own bytes, at most (as the scanner counts one)
+
+
+def _text_weight(raw: bytes, start: int, end: int) -> int:
+    """What the strings parsed from `raw[start:end]` hold of its text, at most: a byte a character where the text is
+    ASCII with no escaped character, else up to four (one wide character widens its whole string)."""
+    text = raw[start:end]
+    return len(text) if text.isascii() and b"\\u" not in text else 4 * len(text)
 
 
 _BEFORE_ITEM = re.compile(rb"[ \t\r\n]*,?[ \t\r\n]*")  # what separates an item from the one before
