@@ -286,10 +286,12 @@ async def hostile_upstream(tmp: str) -> list[dict]:
 
 async def main(names: int, name_mb: int, sessions: int, history_mb: int, line_mb: int, answer_mb: int,
                memory_only: bool) -> None:
+    async with Served("histories") as served:  # a proxy of its own: memory freed is rarely given back
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as client:
+            print(orjson.dumps(await histories(served, client, sessions, history_mb)).decode(), flush=True)
     async with Served("hostile") as served:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as client:
             print(orjson.dumps(await model_names(served, client, names, name_mb)).decode(), flush=True)
-            print(orjson.dumps(await histories(served, client, sessions, history_mb)).decode(), flush=True)
             if memory_only:
                 return
             print(orjson.dumps(await endless_line(served, client, line_mb)).decode(), flush=True)

@@ -115,6 +115,15 @@ def test_the_bodies_kept_stay_within_their_budget():
     assert len(bodies._bodies) >= 2
 
 
+def test_a_body_whose_members_before_the_conversation_are_huge_is_not_remembered():
+    """No conversation's growth has a 10 MB `model`: parsed whole each time, it takes none of the budget."""
+    bodies = KnownBodies()
+    for n in range(5):
+        raw = orjson.dumps({"model": f"{n}" + "m" * (known.MAX_HEAD + 1), "messages": [{"content": "y" * 1000}]})
+        assert bodies.parse(raw, "messages", lambda: n).payload["messages"] == [{"content": "y" * 1000}]
+    assert bodies.held == 0 and not bodies._bodies
+
+
 def _tool_steps(n: int, text: str) -> list[dict]:
     return [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}] + [
         item for step in range(n) for item in chat_items(step, f"{text} {step}")]
@@ -131,7 +140,7 @@ HELD_SHAPES = {
         30 + n, "é" * 500 + "😀")}).encode(),
     "dense small parts": lambda n: orjson.dumps({"model": "gpt", "messages": [
         {"role": "user", "content": [{"type": "text", "text": "a"}] * (3000 + 10 * n)}] * 4}),
-    "a huge model name": lambda n: orjson.dumps({"model": "m" * 2_000_000 + str(n), "messages": _tool_steps(
+    "a long model name": lambda n: orjson.dumps({"model": "m" * 900_000 + str(n), "messages": _tool_steps(
         20, "read")}),
 }
 

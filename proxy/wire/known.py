@@ -38,6 +38,9 @@ KNOWN_BYTES = 256 * 1024 * 1024
 # the item's own strings hold (counted with the item's text), and what one remembered body's slot and entry hold.
 READ_BYTES = 640
 ENTRY_BYTES = 512
+# Members before the conversation's list (the model, the system prompt, the tools) past this many bytes: no
+# conversation's growth, and not remembered (a client's 10 MB `model` would otherwise fill the budget).
+MAX_HEAD = 1024 * 1024
 
 
 @dataclass(slots=True, eq=False)
@@ -114,6 +117,8 @@ def _first(raw: bytes, key: str, payload: Any) -> KnownBody | None:
     if span is None or raw[span[0]] != 0x5B:  # `[`
         return None
     start, _, head_built = span
+    if start > MAX_HEAD:
+        return None
     found = item_ends(raw, start + 1, False)
     if found is None or len(found[0]) != len(items):
         return None
