@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import secrets
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -53,7 +52,8 @@ VERDICT_SCHEMA = {
     "required": ["analysis", "confidence"],
     "additionalProperties": False,
 }
-_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
+# A judge's answer read at most: a verdict is a few hundred bytes, and an upstream answering more is not one.
+JUDGE_ANSWER_BYTES = 1024 * 1024
 _MESSAGE_CHARS = 1500
 
 
@@ -86,7 +86,8 @@ def parse_answer(text: str | None) -> tuple[float | None, str]:
     """A confidence in 0..1 and the analysis, from JSON or from text that holds a JSON object."""
     if not text:
         return None, ""
-    for candidate in (text, *(_OBJECT.findall(text)[:1])):
+    start, end = text.find("{"), text.rfind("}")  # the object in text around it (found in linear time)
+    for candidate in (text, *([text[start:end + 1]] if 0 <= start < end else [])):
         try:
             data = orjson.loads(candidate)
         except orjson.JSONDecodeError:
@@ -97,6 +98,16 @@ def parse_answer(text: str | None) -> tuple[float | None, str]:
                 return float(confidence), str(data.get("analysis", ""))[:2000]
             return None, ""
     return None, ""
+
+
+async def _bounded(answer: aiohttp.ClientResponse) -> bytes:
+    """The answer's body, refused past JUDGE_ANSWER_BYTES (as it comes: a huge one is never held whole)."""
+    body = bytearray()
+    async for chunk in answer.content.iter_any():
+        body += chunk
+        if len(body) > JUDGE_ANSWER_BYTES:
+            raise RuntimeError(f"the judge's upstream answered more than {JUDGE_ANSWER_BYTES} bytes")
+    return bytes(body)
 
 
 class Question(NamedTuple):
@@ -145,7 +156,7 @@ class Judge:
         while call is not None:
             async with self._http.post(route.url(call.path), data=orjson.dumps(call.body),
                                        headers={**call.headers, "Content-Type": "application/json"}) as answer:
-                body = await answer.read()
+                body = await _bounded(answer)
                 status = answer.status
             following = dialect.judge_call(question, key, attempt + 1) if status == 400 else None
             if following is not None:  # this backend does not take that way of asking for JSON: the next

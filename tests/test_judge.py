@@ -10,6 +10,7 @@ import openai
 import orjson
 import pytest
 
+from proxy.server.app import GUARD
 from tests.convo import conversation, step, user
 from tests.fake_upstream import Turn
 
@@ -217,3 +218,37 @@ def test_each_dialect_asks_the_judge_question_in_its_own_shape():
     route = judge_route(elsewhere, GEMINI)  # JUDGE_URL: Chat Completions for every session
     assert (route.dialect, str(route.url("/v1/chat/completions")), route.key) == (
         OPENAI, "http://j/v1/chat/completions", "jk")
+
+
+def _chat_answer(content: str, usage: dict | None = None) -> bytes:
+    return orjson.dumps({"id": "j", "object": "chat.completion", "model": "m", "choices": [{
+        "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+        "usage": usage or {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+
+@pytest.mark.parametrize("answer", [
+    Turn(raw_body=_chat_answer("x" * 40_000_000)),  # 40 MB: refused as it comes, never held whole
+    Turn(raw_body=_chat_answer("{" * 300_000)),  # a search for the object in it is linear
+    Turn(raw_body=_chat_answer('{"confidence": 0.2, "analysis": "fine"}', {"total_tokens": -5})),
+    Turn(raw_body=b"[" * 100_000 + b"]" * 100_000),  # nested past what the parser takes
+])
+async def test_a_hostile_judge_answer_costs_nothing_and_breaks_nothing(upstream, proxy_factory, answer, caplog):
+    running = await proxy_factory(upstream.url, judge_timeout=5)
+    upstream.judge = lambda body: answer
+    elapsed, _ = await ask(running.url, 30)
+    assert elapsed < 1.0 and await judged(upstream, 1)
+    started = time.perf_counter()
+    await ask(running.url, 31)  # the loop is free while the answer is read
+    assert time.perf_counter() - started < 1.0
+    judges = running.runner.app[GUARD].judges
+    for _ in range(100):
+        if not judges._running:
+            break
+        await asyncio.sleep(0.05)
+    assert not judges._running
+    assert "Traceback" not in caplog.text and "never retrieved" not in caplog.text
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{running.root}/metrics") as scraped:
+            tokens = [line for line in (await scraped.text()).splitlines()
+                      if line.startswith("loopwarden_judge_tokens_total")]
+    assert tokens and float(tokens[0].split()[-1]) >= 0

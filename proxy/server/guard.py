@@ -79,6 +79,8 @@ class JudgeScheduler:
                     "loop" if check.is_loop(self.confirm) else "progress"
                 self.metrics.judge_checks.labels(outcome).inc()
                 self.metrics.judge_tokens.inc(tokens)
+        except Exception:  # a background check: what fails is logged here, never left to the loop
+            log.exception("judge check for session %s failed", due.context.session_id)
         finally:
             self._running.pop(due.key, None)
 

@@ -228,10 +228,12 @@ def join_url(base: str, raw_path: str, raw_query: str) -> URL:
 
 
 def counted(usage: Any, *names: str) -> int | None:
-    """The sum of a usage object's counts under `names` (those it has); None when it has none of them."""
+    """The sum of a usage object's counts under `names` (those it has, whole and not negative); None when it has
+    none of them."""
     if not isinstance(usage, dict):
         return None
-    found = [usage[name] for name in names if isinstance(usage.get(name), int) and not isinstance(usage[name], bool)]
+    found = [usage[name] for name in names
+             if isinstance(usage.get(name), int) and not isinstance(usage[name], bool) and usage[name] >= 0]
     return sum(found) if found else None
 
 
