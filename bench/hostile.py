@@ -285,11 +285,11 @@ async def hostile_upstream(tmp: str) -> list[dict]:
 
 
 async def main(names: int, name_mb: int, sessions: int, history_mb: int, line_mb: int, answer_mb: int,
-               memory_only: bool) -> None:
-    async with Served("histories") as served:  # a proxy of its own: memory freed is rarely given back
+               memory_only: bool, database_url: str | None) -> None:
+    async with Served("histories", database_url) as served:  # a proxy of its own: memory freed is rarely given back
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as client:
             print(orjson.dumps(await histories(served, client, sessions, history_mb)).decode(), flush=True)
-    async with Served("hostile") as served:
+    async with Served("hostile", database_url) as served:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as client:
             print(orjson.dumps(await model_names(served, client, names, name_mb)).decode(), flush=True)
             if memory_only:
@@ -309,8 +309,9 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--history-mb", type=int, default=5)
     parser.add_argument("--memory-only", action="store_true", help="only the two memory parts (1 and 2)")
+    parser.add_argument("--database-url", help="the log's database (default: a fresh SQLite file)")
     parser.add_argument("--line-mb", type=int, default=60)
     parser.add_argument("--answer-mb", type=int, default=300)
     arguments = parser.parse_args()
     asyncio.run(main(arguments.names, arguments.name_mb, arguments.sessions, arguments.history_mb, arguments.line_mb,
-                     arguments.answer_mb, arguments.memory_only))
+                     arguments.answer_mb, arguments.memory_only, arguments.database_url))
