@@ -92,7 +92,7 @@ async def test_claude_code_stopped_goes_on_once_its_resume_link_is_used(upstream
         async with http.get(link) as page:  # what the person sees: the session, and the button
             text = await page.text()
             assert page.status == 200 and "Resume the session" in text
-        confirm = re.search(r"name=confirm value=(\w+)", text).group(1)
+        confirm = re.search(r"name=confirm value=([\w-]+)", text).group(1)
         async with http.post(link, data={"confirm": confirm}) as page:
             assert page.status == 200 and "Resumed" in await page.text()
     # The same conversation, continued: its next request goes through, with a fresh warning budget.
