@@ -54,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     detections.add_argument("--session")
     detections.add_argument("--type")
     detections.add_argument("--action")
+    detections.add_argument("--mark", help="loop, not_a_loop, or none (not marked)")
     detections.add_argument("--since")
     detections.add_argument("--limit", type=int, default=50)
     detections.add_argument("--format", choices=formats, default="table")
@@ -78,6 +79,16 @@ def _parser() -> argparse.ArgumentParser:
     _settings_flags(resume, server=False)
     resume.add_argument("session_id")
     resume.add_argument("--tenant", help="the tenant (the key's hash) when several share the session id")
+
+    mark = commands.add_parser("mark", help="say whether a detection was a loop (a stop said not to be one resumes "
+                                            "its task)")
+    _settings_flags(mark, server=False)
+    mark.add_argument("detection_id", type=int, help="the detection's id (`loopwarden detections` shows it)")
+    verdict = mark.add_mutually_exclusive_group(required=True)
+    verdict.add_argument("--not-a-loop", dest="verdict", action="store_const", const="not_a_loop",
+                         help="it was healthy work")
+    verdict.add_argument("--loop", dest="verdict", action="store_const", const="loop", help="it was a loop")
+    mark.add_argument("--note", help="why, in a few words")
 
     config = commands.add_parser("config", help="the settings and policies in force, and where each came from")
     _settings_flags(config, server=True)

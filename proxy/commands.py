@@ -63,14 +63,15 @@ def _origin(sources: dict[str, str] | None) -> str:
 
 
 async def _detections(engine, args, since) -> str:
-    where = queries.DetectionFilter(session=args.session, type=args.type, action=args.action, since=since)
+    where = queries.DetectionFilter(session=args.session, type=args.type, action=args.action, since=since,
+                                    mark=args.mark)
     items, _ = await queries.list_detections(engine, where, args.limit)
     if args.format == "json":
         return _json(items)
     columns = ["id", "created_at", "session_id", "model", "type", "action", "episode", "turn", "summary"]
     rows = [{**item, "episode": _episode(item), "summary": _summary(item)} for item in items]
     if args.format == "csv":
-        return _csv(columns + ["tenant", "task", "request_id", "tokens_saved_estimate", "detail"],
+        return _csv(columns + ["tenant", "task", "request_id", "tokens_saved_estimate", "mark", "mark_note", "detail"],
                     [{**row, "detail": orjson.dumps(row["detail"]).decode()} for row in rows])
     return _table(columns, [{**row, "created_at": _local(row["created_at"])} for row in rows],
                   empty="no detections")
@@ -166,8 +167,20 @@ async def _resume(engine, args, since) -> str:
                      f"forgiven, its next request goes through" for row in resumed)
 
 
+async def _mark(engine, args, since) -> str:
+    marked = await queries.mark_detection(engine, args.detection_id, args.verdict, args.note)
+    if marked is None:
+        raise UsageProblem(f"no detection {args.detection_id}")
+    said = f"detection {marked['id']} ({marked['type']} {marked['action']}, session {marked['session_id']}) marked " \
+           f"{marked['mark'].replace('_', ' ')}"
+    if queries.resumes(marked):
+        await queries.resume_session(engine, marked["session_id"], marked["tenant"])
+        said += ": its task goes on, its next request is forwarded"
+    return said
+
+
 _COMMANDS = {"detections": _detections, "stats": _stats, "sessions": _sessions, "session": _session,
-             "resume": _resume}
+             "resume": _resume, "mark": _mark}
 
 
 def _json(value) -> str:

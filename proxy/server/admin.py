@@ -13,6 +13,7 @@ import ipaddress
 import secrets
 from pathlib import Path
 
+import orjson
 from aiohttp import web
 
 from proxy.inspection import client_key, tenant_of
@@ -85,7 +86,7 @@ def _filter(request: web.Request, tenant: str | None) -> queries.DetectionFilter
                                    type=request.query.get("type") or None,
                                    action=request.query.get("action") or None,
                                    since=queries.parse_since(request.query.get("since")),
-                                   enforced=_flag(request, "enforced"))
+                                   enforced=_flag(request, "enforced"), mark=request.query.get("mark") or None)
 
 
 class AdminAPI:
@@ -106,6 +107,7 @@ class AdminAPI:
             web.get("/loopwarden/static/{name}", self.page),
             web.get("/loopwarden/api/timeline", api(self.timeline)),
             web.get("/loopwarden/api/detections", api(self.detections)),
+            web.post("/loopwarden/api/detections/{id}/mark", api(self.mark)),
             web.get("/loopwarden/api/stats", api(self.stats)),
             web.get("/loopwarden/api/sessions", api(self.sessions)),
             web.get("/loopwarden/api/sessions/{id}", api(self.session)),
@@ -133,6 +135,26 @@ class AdminAPI:
         items, cursor = await queries.list_detections(self.store.engine, _filter(request, tenant),
                                                       _int(request, "limit", 50), request.query.get("cursor"))
         return web.json_response({"data": items, "next_cursor": cursor})
+
+    async def mark(self, request: web.Request, tenant: str | None) -> web.Response:
+        """A person's word on a detection; a stop said not to be a loop resumes its task, as its link does."""
+        try:
+            body = await request.json(loads=orjson.loads)
+        except (ValueError, UnicodeDecodeError):
+            raise QueryError("the body must be JSON: {\"verdict\": \"loop\" | \"not_a_loop\", \"note\": \"...\"}")
+        if not isinstance(body, dict) or not isinstance(body.get("note", ""), (str, type(None))):
+            raise QueryError("the body must be an object with a verdict and, if any, a note that is text")
+        identifier = request.match_info["id"]
+        if not identifier.isdigit() or len(identifier) > 19 or int(identifier) > queries.MAX_ID:
+            return json_error(404, "no such detection", "invalid_request_error", "not_found")
+        marked = await queries.mark_detection(self.store.engine, int(identifier), str(body.get("verdict")),
+                                              body.get("note"), tenant)
+        if marked is None:
+            return json_error(404, "no such detection", "invalid_request_error", "not_found")
+        if queries.resumes(marked):
+            await self.store.set_controls(marked["session_id"], marked["tenant"], reset=True,
+                                          known_counts=self.guard.known_message_counts())
+        return web.json_response({"data": marked})
 
     async def timeline(self, request: web.Request, tenant: str | None) -> web.Response:
         found = await queries.timeline(self.store.engine, _filter(request, tenant), _int(request, "buckets", 48))

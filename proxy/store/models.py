@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON, BigInteger, Boolean, DateTime, Float, Index, Integer, LargeBinary, String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
@@ -40,6 +41,10 @@ class Detection(Base):
     enforced: Mapped[bool] = mapped_column(Boolean(), default=True)
     # One row per episode, however many replicas or requests see it.
     episode_key: Mapped[str] = mapped_column(String(64))
+    # A person's word on it: "loop", "not_a_loop", or none given (migration 0011).
+    mark: Mapped[str | None] = mapped_column(String(16))
+    marked_at: Mapped[datetime | None] = mapped_column(DateTime())
+    mark_note: Mapped[str | None] = mapped_column(String(2000))
 
     __table_args__ = (
         UniqueConstraint("episode_key", name="uq_detections_episode_key"),
@@ -51,6 +56,7 @@ class Detection(Base):
               "episode", "recovered"),
         Index("ix_detections_period", "created_at", "enforced", "type", "action", "tokens_saved_estimate", "tenant",
               "session_id", "turn", "episode"),
+        Index("ix_detections_mark", "mark", "created_at"),  # the few marked ones, counted per period
     )
 
 
@@ -217,3 +223,21 @@ class ResumeLink(Base):
     confirm_hash: Mapped[str | None] = mapped_column(String(64))  # the value its page showed last, hashed
 
     __table_args__ = (Index("ix_resume_links_session", "tenant", "session_id"),)
+
+
+class CapturedRequest(Base):
+    """With CAPTURE_FLAGGED, the request that carried an episode's warning or was refused: its body as the
+    client sent it (zlib), never a key or a header, kept for `loopwarden export` and deleted with
+    RESPONSE_RETENTION_DAYS."""
+
+    __tablename__ = "captured_requests"
+
+    episode_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime())
+    tenant: Mapped[str] = mapped_column(String(32))
+    session_id: Mapped[str] = mapped_column(String(256))
+    dialect: Mapped[str] = mapped_column(String(16))
+    path: Mapped[str] = mapped_column(String(512))
+    body: Mapped[bytes] = mapped_column(LargeBinary())
+
+    __table_args__ = (Index("ix_captured_requests_created_at", "created_at"),)

@@ -78,6 +78,7 @@ def detection_dict(row: Any) -> dict[str, Any]:
         "episode": row.episode, "episode_limit": row.episode_limit, "turn": row.turn, "detail": row.detail,
         "request_id": row.request_id, "tokens_saved_estimate": row.tokens_saved_estimate,
         "recovered": row.recovered, "enforced": row.enforced,
+        "mark": row.mark, "marked_at": iso(row.marked_at), "mark_note": row.mark_note,
     }
 
 
@@ -93,10 +94,12 @@ class DetectionFilter:
     action: str | None = None
     since: datetime | None = None
     enforced: bool | None = None  # None: both; False: observe mode's would-be episodes
+    mark: str | None = None  # a person's word: loop, not_a_loop, or none (not marked)
 
     def conditions(self) -> list:
         check_choice("type", self.type, TYPES)
         check_choice("action", self.action, ACTIONS)
+        check_choice("mark", self.mark, (*MARKS, "none"))
         conditions = []
         if self.tenant is not None:
             conditions.append(Detection.tenant == self.tenant)
@@ -110,6 +113,8 @@ class DetectionFilter:
             conditions.append(Detection.created_at >= self.since)
         if self.enforced is not None:
             conditions.append(Detection.enforced.is_(self.enforced))
+        if self.mark is not None:
+            conditions.append(Detection.mark.is_(None) if self.mark == "none" else Detection.mark == self.mark)
         return conditions
 
 
@@ -128,6 +133,26 @@ async def list_detections(engine: AsyncEngine, where: DetectionFilter, limit: in
     items = [detection_dict(row) for row in rows[:limit]]
     next_cursor = str(items[-1]["id"]) if len(rows) > limit else None
     return items, next_cursor
+
+
+async def _marked(connection, since: datetime | None, tenant: str | None) -> dict[str, dict]:
+    """The period's marked detections counted by type and by agent (the session's, `unknown` when not read):
+    few rows, found by the index on marks."""
+    conditions = [Detection.mark.is_not(None)]
+    if since is not None:
+        conditions.append(Detection.created_at >= since)
+    if tenant is not None:
+        conditions.append(Detection.tenant == tenant)
+    rows = (await connection.execute(
+        select(Detection.type, Detection.mark, SessionRow.agent, func.count())
+        .select_from(Detection).outerjoin(SessionRow, and_(SessionRow.tenant == Detection.tenant,
+                                                           SessionRow.session_id == Detection.session_id))
+        .where(*conditions).group_by(Detection.type, Detection.mark, SessionRow.agent))).all()
+    counted: dict[str, dict] = {"type": {}, "agent": {}}
+    for kind, mark, agent, count in rows:
+        for key, name in (("type", kind), ("agent", agent or "unknown")):
+            counted[key].setdefault(name, {"loop": 0, "not_a_loop": 0})[mark] += count
+    return counted
 
 
 async def counts_complete(engine: AsyncEngine) -> bool:
@@ -167,6 +192,7 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
         judge = (await connection.execute(
             select(func.count(), func.coalesce(func.sum(JudgeCheckRow.tokens), 0)).where(
                 and_(True, *judge_condition)))).one()
+        marked = await _marked(connection, since, tenant)
     enforced, observed = _tallied(counts, outcomes)
     warned_tasks, recovered, _, sessions = enforced["tasks"]
     return {
@@ -185,6 +211,9 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
         "tokens_saved_estimate": enforced["saved"],
         "judge_checks": judge[0],
         "judge_tokens": int(judge[1] or 0),
+        # A person's word on the period's detections, per type and per agent: how often they were not loops.
+        "marked": {t: marked["type"].get(t, {"loop": 0, "not_a_loop": 0}) for t in TYPES},
+        "marked_by_agent": marked["agent"],
         "observed": {
             "detections": sum(observed["by_type"].values()),
             "by_type": {t: observed["by_type"].get(t, 0) for t in TYPES},
@@ -355,6 +384,34 @@ def shown(row: Any) -> str:
     if row.action == Action.CUT:
         return cut_notice(told).strip() if isinstance(evidence, Chanting) else ""
     return warning_text(told)
+
+
+MARKS = ("loop", "not_a_loop")
+MARK_NOTE_CHARS = 2000
+
+
+async def mark_detection(engine: AsyncEngine, detection_id: int, verdict: str, note: str | None = None,
+                         tenant: str | None = None) -> dict | None:
+    """A person's word on a detection: `loop` or `not_a_loop`, with a note; a later word replaces it. The
+    detection as marked, or None when there is no such detection (of that tenant). A stop marked `not_a_loop`
+    is for the caller to resume (`resume_session`)."""
+    check_choice("verdict", verdict, MARKS)
+    conditions = [Detection.id == detection_id]
+    if tenant is not None:
+        conditions.append(Detection.tenant == tenant)
+    note = clean.text(note, MARK_NOTE_CHARS) if note else None
+    async with engine.begin() as connection:
+        marked = await connection.execute(update(Detection).where(*conditions).values(
+            mark=verdict, marked_at=datetime.now(timezone.utc).replace(tzinfo=None), mark_note=note))
+        if marked.rowcount != 1:
+            return None
+        row = (await connection.execute(select(Detection).where(Detection.id == detection_id))).one()
+    return detection_dict(row)
+
+
+def resumes(detection: dict) -> bool:
+    """Whether marking this detection resumes its task: a stop enforced, said not to be a loop."""
+    return detection["mark"] == "not_a_loop" and detection["action"] == Action.STOPPED and detection["enforced"]
 
 
 async def resume_session(engine: AsyncEngine, session_id: str, tenant: str | None = None) -> list[dict]:

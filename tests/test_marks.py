@@ -1,0 +1,139 @@
+"""A person says whether a detection was a loop: through the API, the CLI and the page, on SQLite and
+PostgreSQL. A stop said not to be a loop resumes its task; the marks are counted per type and per agent."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import aiohttp
+import openai
+import pytest
+
+from tests.agent import Agent
+from tests.fake_upstream import Turn
+from tests.test_alerts import loop_to_the_stop
+from tests.test_log_api import ROOT, wait_for
+
+ADMIN = {"Authorization": "Bearer admin-only"}
+
+
+async def detections(proxy, headers=ADMIN, **query) -> list[dict]:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{proxy.root}/loopwarden/api/detections", params=query, headers=headers) as answer:
+            assert answer.status == 200, await answer.text()
+            return (await answer.json())["data"]
+
+
+async def mark(proxy, detection_id, body, headers=ADMIN) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.root}/loopwarden/api/detections/{detection_id}/mark", headers=headers,
+                             **({"data": body} if isinstance(body, (str, bytes)) else {"json": body})) as answer:
+            return answer.status, await answer.json()
+
+
+async def stopped_run(proxy_factory, upstream, database_url: str, session: str = "marked run"):
+    proxy = await proxy_factory(upstream.url, database_url=database_url, admin_token="admin-only")
+    agent = Agent(proxy.url, headers={"X-Loopwarden-Session": session})
+    assert (await loop_to_the_stop(agent, upstream)).code == "loop_detected"
+    found = await wait_for(lambda: _three(proxy))
+    assert [d["action"] for d in found] == ["stopped", "warned", "warned"]  # newest first
+    return proxy, agent, found
+
+
+async def _three(proxy):
+    found = await detections(proxy)
+    return found if len(found) == 3 else None
+
+
+async def test_a_detection_is_marked_and_the_marks_are_counted(upstream, proxy_factory, database_url):
+    proxy, agent, (stop, second, first) = await stopped_run(proxy_factory, upstream, database_url)
+    assert stop["mark"] is None and stop["marked_at"] is None
+
+    status, body = await mark(proxy, first["id"], {"verdict": "not_a_loop", "note": "it was polling a build"})
+    assert status == 200 and body["data"]["mark"] == "not_a_loop"
+    assert body["data"]["mark_note"] == "it was polling a build" and body["data"]["marked_at"]
+    status, body = await mark(proxy, second["id"], {"verdict": "loop"})
+    assert status == 200 and body["data"]["mark"] == "loop" and body["data"]["mark_note"] is None
+    status, body = await mark(proxy, second["id"], {"verdict": "not_a_loop"})  # a later word replaces it
+    assert status == 200 and body["data"]["mark"] == "not_a_loop"
+    status, _ = await mark(proxy, second["id"], {"verdict": "loop"})
+
+    assert [d["id"] for d in await detections(proxy, mark="not_a_loop")] == [first["id"]]
+    assert [d["id"] for d in await detections(proxy, mark="loop")] == [second["id"]]
+    assert [d["id"] for d in await detections(proxy, mark="none")] == [stop["id"]]
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{proxy.root}/loopwarden/api/stats", headers=ADMIN) as answer:
+            stats = await answer.json()
+    assert stats["marked"]["tool_call"] == {"loop": 1, "not_a_loop": 1}
+    assert stats["marked"]["content"] == {"loop": 0, "not_a_loop": 0}
+    assert sum(counts["not_a_loop"] for counts in stats["marked_by_agent"].values()) == 1
+    await agent.close()
+
+
+async def test_marking_refuses_what_it_cannot_take(upstream, proxy_factory, database_url):
+    proxy, agent, (stop, *_) = await stopped_run(proxy_factory, upstream, database_url)
+    status, body = await mark(proxy, stop["id"], {"verdict": "maybe"})
+    assert status == 400 and "verdict" in body["error"]["message"] and body["error"]["type"] == "invalid_request_error"
+    status, body = await mark(proxy, stop["id"], "not json")
+    assert status == 400 and "JSON" in body["error"]["message"]
+    status, body = await mark(proxy, stop["id"], {"verdict": "loop", "note": {"not": "text"}})
+    assert status == 400
+    for unknown in (stop["id"] + 1000, "abc", "9" * 19):
+        status, body = await mark(proxy, unknown, {"verdict": "loop"})
+        assert status == 404 and body["error"]["code"] == "not_found"
+    # Another client's key sees only its own detections: this one is not there for it.
+    other = Agent(proxy.url, api_key="sk-other-key", headers={"X-Loopwarden-Session": "other"})
+    upstream.script.append(Turn(content="hello"))
+    await other.turn()
+    await asyncio.sleep(0.5)  # its session is written: the key is known
+    status, _ = await mark(proxy, stop["id"], {"verdict": "not_a_loop"}, headers={
+        "Authorization": "Bearer sk-other-key"})
+    assert status == 404
+    assert (await detections(proxy))[0]["mark"] is None
+    await agent.close()
+    await other.close()
+
+
+async def test_a_stop_marked_not_a_loop_resumes_its_task(upstream, proxy_factory, database_url):
+    proxy, agent, (stop, *_) = await stopped_run(proxy_factory, upstream, database_url)
+    with pytest.raises(openai.BadRequestError):
+        await agent.turn()
+    status, body = await mark(proxy, stop["id"], {"verdict": "not_a_loop", "note": "the job was still running"})
+    assert status == 200
+    upstream.script.append(Turn(content="The build finished."))
+    assert (await agent.turn())["content"] == "The build finished."  # forwarded, its warnings forgiven
+    await agent.close()
+
+
+async def test_the_cli_marks_a_detection(upstream, proxy_factory, tmp_path):
+    database = f"sqlite+aiosqlite:///{tmp_path}/marks.db"
+    proxy, agent, (stop, second, _) = await stopped_run(proxy_factory, upstream, database, "cli marked")
+
+    def cli(*words: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "proxy", *words, "--database-url", database], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+
+    done = await asyncio.to_thread(cli, "mark", str(second["id"]), "--loop", "--note", "yes, the same read")
+    assert done.returncode == 0, done.stderr
+    assert f"detection {second['id']}" in done.stdout and "marked loop" in done.stdout
+    done = await asyncio.to_thread(cli, "mark", str(stop["id"]), "--not-a-loop")
+    assert done.returncode == 0 and "goes on" in done.stdout, done.stderr
+    listed = await asyncio.to_thread(cli, "detections", "--mark", "loop", "--format", "json")
+    assert listed.returncode == 0 and f'"id": {second["id"]}' in listed.stdout and "yes, the same read" in listed.stdout
+    missing = await asyncio.to_thread(cli, "mark", "999999", "--loop")
+    assert missing.returncode == 2 and "no detection 999999" in missing.stderr
+    neither = await asyncio.to_thread(cli, "mark", str(stop["id"]))
+    assert neither.returncode == 2 and "--not-a-loop" in neither.stderr
+
+    upstream.script.append(Turn(content="going on"))
+
+    async def forwarded():
+        try:
+            return await agent.turn()
+        except openai.BadRequestError:
+            return None  # this replica takes the stored reset within a second
+
+    assert (await wait_for(forwarded))["content"] == "going on"
+    await agent.close()
