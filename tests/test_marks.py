@@ -15,6 +15,7 @@ from tests.agent import Agent
 from tests.fake_upstream import Turn
 from tests.test_alerts import loop_to_the_stop
 from tests.test_log_api import ROOT, wait_for
+from tests.test_page import Watched, browser, until  # noqa: F401 (the page tests' Chromium, as a fixture)
 
 ADMIN = {"Authorization": "Bearer admin-only"}
 
@@ -42,8 +43,8 @@ async def stopped_run(proxy_factory, upstream, database_url: str, session: str =
     return proxy, agent, found
 
 
-async def _three(proxy):
-    found = await detections(proxy)
+async def _three(proxy, headers=ADMIN):
+    found = await detections(proxy, headers)
     return found if len(found) == 3 else None
 
 
@@ -136,4 +137,43 @@ async def test_the_cli_marks_a_detection(upstream, proxy_factory, tmp_path):
             return None  # this replica takes the stored reset within a second
 
     assert (await wait_for(forwarded))["content"] == "going on"
+    await agent.close()
+
+
+async def test_the_page_marks_a_detection_and_shows_how_often_marks_said_not_a_loop(
+        upstream, proxy_factory, browser, tmp_path):
+    proxy = await proxy_factory(upstream.url)
+    agent = Agent(proxy.url, headers={"X-Loopwarden-Session": "page marked"})
+    assert (await loop_to_the_stop(agent, upstream)).code == "loop_detected"
+    await wait_for(lambda: _three(proxy, {}))  # no admin token: the loopback page sees every tenant
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    watched = Watched(page, proxy.root)
+    await page.goto(f"{proxy.root}/loopwarden/")
+    await page.wait_for_selector("#recent tbody tr td.marks")
+    assert "no detection marked yet" in await page.inner_text("#cards")
+
+    rows = page.locator("#recent tbody tr")  # newest first: the stop, the 2nd warning, the 1st
+    await rows.nth(0).get_by_role("button", name="not a loop", exact=True).click()
+    await page.wait_for_selector("#recent tbody tr:has-text('stopped') button.mark.chosen")
+    assert "its task goes on" in await page.inner_text("#status")
+    await rows.nth(2).get_by_role("button", name="loop", exact=True).click()
+    await until(lambda: page.locator("#recent button.mark.chosen").count(), 2)
+    cards = await page.inner_text("#cards")
+    assert "marked not a loop\n50%" in cards and "tool_call 1 of 2" in cards, cards
+    await page.screenshot(path=str(tmp_path / "marks.png"), full_page=True)
+
+    async def episodes_shown() -> list[str]:
+        return [text.split("\t")[5] for text in await rows.all_inner_texts()]
+
+    await page.select_option("#mark", "not_a_loop")
+    await until(episodes_shown, ["stop"])
+    await page.select_option("#mark", "none")
+    await until(episodes_shown, ["2/2"])
+    await page.select_option("#mark", "loop")
+    await until(episodes_shown, ["1/2"])
+    watched.clean()
+    await page.close()
+
+    upstream.script.append(Turn(content="Back at work."))
+    assert (await agent.turn())["content"] == "Back at work."  # the stop marked not a loop let its task go on
     await agent.close()

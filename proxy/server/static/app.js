@@ -23,7 +23,7 @@ function el(tag, props = {}, ...children) {
 function token() { return sessionStorage.getItem("loopwarden-token") || ""; }
 
 async function api(path, options = {}) {
-  const headers = token() ? { Authorization: `Bearer ${token()}` } : {};
+  const headers = { ...(options.headers || {}), ...(token() ? { Authorization: `Bearer ${token()}` } : {}) };
   const response = await fetch(path, { ...options, headers });
   if (response.status === 401 || response.status === 403) {
     const body = await response.json().catch(() => ({}));
@@ -78,10 +78,44 @@ function describe(detail) {
 
 function query(extra = {}) {
   const params = new URLSearchParams({ since: $("since").value, ...extra });
-  for (const [name, id] of [["type", "type"], ["action", "action"], ["session", "session-filter"]]) {
+  for (const [name, id] of [["type", "type"], ["action", "action"], ["mark", "mark"], ["session", "session-filter"]]) {
     if ($(id).value) params.set(name, $(id).value.trim());
   }
   return params.toString();
+}
+
+// The share of marked detections people said were not loops: "2 of 5" per type or agent, "" when none marked.
+function notLoops(counts) {
+  const marked = counts.loop + counts.not_a_loop;
+  return marked ? `${counts.not_a_loop} of ${marked}` : "";
+}
+
+function markedCard(stats) {
+  const total = { loop: 0, not_a_loop: 0 };
+  for (const counts of Object.values(stats.marked)) { total.loop += counts.loop; total.not_a_loop += counts.not_a_loop; }
+  const marked = total.loop + total.not_a_loop;
+  const share = marked ? `${Math.round((total.not_a_loop / marked) * 100)}%` : "–";
+  const parts = [...TYPES.map((t) => [t, stats.marked[t]]), ...Object.entries(stats.marked_by_agent)]
+    .filter(([, counts]) => notLoops(counts)).map(([name, counts]) => `${name} ${notLoops(counts)}`);
+  return card("marked not a loop", share, marked ? parts.join(" · ") : "no detection marked yet");
+}
+
+// Two buttons a detection: a person's word on it. A stop said not to be a loop lets its task go on.
+function markButtons(d) {
+  const buttons = [["loop", "loop"], ["not_a_loop", "not a loop"]].map(([verdict, label]) => {
+    const button = el("button", { type: "button", class: d.mark === verdict ? "mark chosen" : "mark",
+                                  title: verdict === "loop" ? "it was a loop" : "it was healthy work" }, label);
+    button.addEventListener("click", async (event) => {
+      event.stopPropagation();
+      await api(`/loopwarden/api/detections/${d.id}/mark`, {
+        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ verdict }) });
+      const resumed = verdict === "not_a_loop" && d.action === "stopped" && d.enforced !== false;
+      $("status").textContent = `detection ${d.id} marked ${label}` + (resumed ? ": its task goes on" : "");
+      await loadOverview();
+    });
+    return button;
+  });
+  return el("td", { class: "marks" }, ...buttons);
 }
 
 function card(label, value, sub) {
@@ -111,6 +145,7 @@ async function loadOverview() {
     card("judge checks", stats.judge_checks, `${stats.judge_tokens.toLocaleString()} tokens`),
     card("observed, not enforced", stats.observed.detections,
          `would have stopped ${stats.observed.would_have_stopped_tasks} tasks`),
+    markedCard(stats),
   );
   drawChart(series);
   $("recent").tBodies[0].replaceChildren(...recent.data.map((d) => {
@@ -118,12 +153,12 @@ async function loadOverview() {
       el("td", {}, time(d.created_at)), el("td", {}, d.session_id), el("td", {}, d.model || ""),
       el("td", {}, el("span", { class: "badge", swatch: d.type }, d.type)),
       el("td", {}, d.action + (d.enforced === false ? " (observed)" : "")), el("td", {}, episodeLabel(d)),
-      el("td", { class: "evidence", title: evidence(d.detail) }, evidence(d.detail)));
+      el("td", { class: "evidence", title: evidence(d.detail) }, evidence(d.detail)), markButtons(d));
     row.addEventListener("click", () => showSession(d.session_id));
     return row;
   }));
   if (!recent.data.length) {
-    $("recent").tBodies[0].replaceChildren(el("tr", {}, el("td", { colSpan: 7, class: "muted" }, "no detections")));
+    $("recent").tBodies[0].replaceChildren(el("tr", {}, el("td", { colSpan: 8, class: "muted" }, "no detections")));
   }
 }
 
@@ -279,7 +314,8 @@ async function refresh() {
 function filtersFromAddress() {
   // `#since=30d&type=content` opens the page with those filters (a link to a view).
   const wanted = new URLSearchParams(location.hash.slice(1));
-  for (const [name, id] of [["since", "since"], ["type", "type"], ["action", "action"], ["session", "session-filter"]]) {
+  for (const [name, id] of [["since", "since"], ["type", "type"], ["action", "action"], ["mark", "mark"],
+                            ["session", "session-filter"]]) {
     if (wanted.has(name)) $(id).value = wanted.get(name);
   }
 }
@@ -296,7 +332,7 @@ function start() {
     $("token").value = "";
     switchView("overview");
   });
-  for (const id of ["since", "type", "action"]) $(id).addEventListener("change", refresh);
+  for (const id of ["since", "type", "action", "mark"]) $(id).addEventListener("change", refresh);
   $("session-filter").addEventListener("change", refresh);
   $("session-search").addEventListener("input", filterSessions);
   $("session-search-form").addEventListener("submit", (event) => event.preventDefault());
