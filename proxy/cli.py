@@ -90,6 +90,14 @@ def _parser() -> argparse.ArgumentParser:
     verdict.add_argument("--loop", dest="verdict", action="store_const", const="loop", help="it was a loop")
     mark.add_argument("--note", help="why, in a few words")
 
+    export = commands.add_parser("export", help="write the requests kept with flagged detections (CAPTURE_FLAGGED) "
+                                                "as JSONL that `replay` reads")
+    _settings_flags(export, server=False)
+    export.add_argument("file", help="the JSONL file to write (- for standard output)")
+    export.add_argument("--marked", choices=("not_a_loop", "loop"), help="only detections a person marked so")
+    export.add_argument("--detection", type=int, help="only this detection's request")
+    export.add_argument("--since")
+
     config = commands.add_parser("config", help="the settings and policies in force, and where each came from")
     _settings_flags(config, server=True)
 

@@ -179,8 +179,20 @@ async def _mark(engine, args, since) -> str:
     return said
 
 
+async def _export(engine, args, since) -> str:
+    """The kept requests, a JSON body a line (as the client sent it, compact), for `replay`."""
+    found = await queries.captured_requests(engine, args.marked, args.detection, since)
+    lines = b"".join(orjson.dumps(orjson.loads(body)) + b"\n" for _, body in found)
+    if args.file == "-":
+        return lines.decode().rstrip("\n")
+    Path(args.file).write_bytes(lines)
+    detections = ", ".join(str(detection["id"]) for detection, _ in found) or "none"
+    return f"{len(found)} request{'s' if len(found) != 1 else ''} written to {args.file} (detections: {detections})" \
+        + ("" if found else ": none kept (is CAPTURE_FLAGGED on?)")
+
+
 _COMMANDS = {"detections": _detections, "stats": _stats, "sessions": _sessions, "session": _session,
-             "resume": _resume, "mark": _mark}
+             "resume": _resume, "mark": _mark, "export": _export}
 
 
 def _json(value) -> str:

@@ -120,6 +120,8 @@ class Settings:
     response_retention_days: float = setting(
         30.0, "forget kept Responses conversations older than this many days", maximum=CENTURY)
     resume_link_ttl: float = setting(24.0, "hours a stop's resume link can be used", maximum=CENTURY * 24)
+    capture_flagged: bool = setting(False, "keep the request that carried a detection's warning or was refused "
+                                           "(its body, never a key or header), for `loopwarden export`")
     # Not in the contract's table; production defaults documented in the README.
     upstream_connect_timeout: float = setting(10.0, "seconds to connect to the upstream")
     upstream_read_timeout: float = setting(600.0, "seconds the upstream may stay silent mid-answer")

@@ -10,6 +10,7 @@ import sys
 import aiohttp
 import openai
 import pytest
+from sqlalchemy import text
 
 from tests.agent import Agent
 from tests.fake_upstream import Turn
@@ -177,3 +178,84 @@ async def test_the_page_marks_a_detection_and_shows_how_often_marks_said_not_a_l
     upstream.script.append(Turn(content="Back at work."))
     assert (await agent.turn())["content"] == "Back at work."  # the stop marked not a loop let its task go on
     await agent.close()
+
+
+async def test_a_false_positive_is_captured_marked_exported_and_replayed(upstream, proxy_factory, tmp_path):
+    """A healthy run the rules warn on: a poll whose answer never changes while the job runs. Its warned request
+    is kept, a person marks it not a loop, and the export replays to the same episode; no key or header is
+    kept."""
+    from tests.test_alerts import Receiver
+
+    receiver = Receiver()
+    hook = await receiver.start()
+    database = f"sqlite+aiosqlite:///{tmp_path}/captured.db"
+    proxy = await proxy_factory(upstream.url, database_url=database, capture_flagged=True, webhook_url=hook,
+                                webhook_events="all")
+    agent = Agent(proxy.url, api_key="sk-secret-agent-key", headers={"X-Loopwarden-Session": "nightly build",
+                                                                      "X-Private-Header": "private-value"})
+    for _ in range(6):
+        upstream.script.append(Turn(tool_calls=[("job_status", {"job": "nightly-1432"})]))
+        await agent.turn()
+        agent.answer("status: running (build step 3 of 9)")
+    first = (await receiver.until(1))[0]
+    assert first["action"] == "warned" and first["detection_id"] is not None
+    assert f"detection {first['detection_id']}" in first["text"]  # who reads the alert can mark it
+
+    status, body = await mark(proxy, first["detection_id"], {"verdict": "not_a_loop", "note": "a poll"}, {})
+    assert status == 200
+
+    def cli(*words: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "proxy", *words], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
+
+    exported = tmp_path / "false-positives.jsonl"
+
+    async def written():
+        done = await asyncio.to_thread(cli, "export", str(exported), "--marked", "not_a_loop",
+                                       "--database-url", database)
+        return done if done.returncode == 0 and done.stdout.startswith("1 request") else None
+
+    done = await wait_for(written)
+    assert done and f"detections: {first['detection_id']}" in done.stdout, done
+    text = exported.read_text()
+    assert text.count("\n") == 1 and '"job_status"' in text
+    for secret in ("sk-secret-agent-key", "private-value", "X-Private-Header", "Authorization", "Bearer"):
+        assert secret not in text
+    replayed = await asyncio.to_thread(cli, "replay", str(exported), "--format", "json")
+    assert replayed.returncode == 0, replayed.stderr
+    assert '"type": "tool_call"' in replayed.stdout and '"action": "warned"' in replayed.stdout, replayed.stdout
+    nothing = await asyncio.to_thread(cli, "export", str(tmp_path / "none.jsonl"), "--marked", "loop",
+                                      "--database-url", database)
+    assert nothing.returncode == 0 and nothing.stdout.startswith("0 requests")
+    await agent.close()
+    await receiver.runner.cleanup()
+
+
+async def test_kept_requests_are_bounded_and_go_with_the_responses_retention(tmp_path):
+    from datetime import timedelta
+
+    from proxy.store import writer as writer_module
+    from proxy.store.database import run_migrations
+    from proxy.store.store import Store
+
+    database = f"sqlite+aiosqlite:///{tmp_path}/bounded.db"
+    await asyncio.to_thread(run_migrations, database)
+    store = Store(database)
+    await store.start()
+    try:
+        now = writer_module.utcnow()
+        capture = {"tenant": "t", "session_id": "s", "dialect": "chat", "path": "/v1/chat/completions"}
+        store.writer.add_capture({**capture, "episode_key": "huge", "created_at": now,
+                                  "body": b"x" * (writer_module.CAPTURE_MAX_BYTES + 1)})
+        for n in range(20):  # 20 of 4 MiB: the oldest go past the buffer's bound while the database waits
+            old = timedelta(days=40 * (n % 2))  # every other one past the responses' retention (30 days)
+            store.writer.add_capture({**capture, "episode_key": f"k{n}", "created_at": now - old,
+                                      "body": b'{"messages": []}' + b" " * (4 * 1024 * 1024)})
+        assert store.writer._captured_bytes <= writer_module.CAPTURE_BUFFER_BYTES
+        await store.writer.flush()
+        async with store.engine.connect() as connection:
+            keys = {row[0] for row in await connection.execute(text("select episode_key from captured_requests"))}
+        assert "huge" not in keys and "k19" in keys and len(keys) < 20
+        assert await store.prune_responses() == len([k for k in keys if int(k[1:]) % 2])  # the old ones
+    finally:
+        await store.close()

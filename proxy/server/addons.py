@@ -29,6 +29,7 @@ class Exchange:
     raw_path: str
     began: float = 0.0  # when its body was read
     payload: dict | None = None  # the request's body, once read
+    raw: bytes = b""  # its bytes as the client sent them
     # From the guard's verdict, what the add-ons read of it (never the verdict itself: its tap tells this exchange's
     # sink its episodes, and a verdict kept here would make each request a reference cycle, its body alive until a
     # collection)

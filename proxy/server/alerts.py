@@ -40,11 +40,15 @@ def alert_payload(record: dict, public_url: str | None, resume_url: str | None =
     observed = "" if record["enforced"] else " (observe mode: nothing changed)"
     # Slack reads `<...>` as markup (`<!here>` pings a channel, `<url|text>` is a link): a client's words are
     # escaped, as Slack asks, so they show as typed.
-    text = (f"loopwarden {record['action']} a {record['type']} loop ({_slack(what)}, episode {episode}, "
+    # The detection's id, once the log has it: what `loopwarden mark ID` and the page's buttons take.
+    detection = record.get("id")
+    numbered = f"detection {detection}, " if detection is not None else ""
+    text = (f"loopwarden {record['action']} a {record['type']} loop ({_slack(what)}, {numbered}episode {episode}, "
             f"turn {record['turn']}) in session {_slack(record['session_id'])}{observed}"
             + (f": {_slack(evidence)}" if evidence else "") + (f" — {link}" if link else "")
             + (f" — to let it go on: {resume_url}" if resume_url else ""))
-    return {"event": f"loop.{record['action']}", "session_id": record["session_id"], "tenant": record["tenant"],
+    return {"event": f"loop.{record['action']}", "detection_id": detection, "session_id": record["session_id"],
+            "tenant": record["tenant"],
             "model": record["model"], "type": record["type"], "action": record["action"], "episode": episode,
             "turn": record["turn"], "evidence": evidence, "api": detail.get("api"),
             "tokens_saved_estimate": record["tokens_saved_estimate"], "enforced": record["enforced"],

@@ -135,7 +135,7 @@ async def _inspected(request: web.Request, exchange: Exchange, addons: Addons) -
     if isinstance(parsed, web.Response):
         return parsed
     payload, guard = parsed.payload, app[GUARD]
-    exchange.began, exchange.payload = time.perf_counter(), payload
+    exchange.began, exchange.payload, exchange.raw = time.perf_counter(), payload, parsed.raw
     for hook in addons.request:
         hook(exchange)
     chain = guard.chain.load(request.headers, payload, dialect)

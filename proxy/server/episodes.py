@@ -56,10 +56,11 @@ class EpisodeLog(Addon):
     """The add-on that logs the episodes a request serves: one record per episode, and only one per process;
     the log's unique key makes it one across processes."""
 
-    def __init__(self, store=None, metrics=None, alerts=None) -> None:
+    def __init__(self, store=None, metrics=None, alerts=None, capture: bool = False) -> None:
         self.store = store
         self.metrics = metrics
         self.alerts = alerts
+        self.capture = capture and store is not None  # CAPTURE_FLAGGED: the request kept with its detection
         self._logged: LRU = LRU(REMEMBERED_EPISODES)
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -102,6 +103,12 @@ class EpisodeLog(Addon):
             Telemetry.episode(exchange.span, episode, action, context.enforced)
         if self.store is not None:
             self.store.writer.add_detection(values)
+            if self.capture and action in (Action.WARNED, Action.STOPPED) and exchange.raw:
+                # The request that carried the warning, or was refused: its body only, never a header.
+                self.store.writer.add_capture({
+                    "episode_key": key, "created_at": record.created_at, "tenant": context.tenant,
+                    "session_id": context.session_id, "dialect": exchange.dialect.name, "path": exchange.raw_path,
+                    "body": exchange.raw})
         elif self.alerts is not None:  # no log to follow: alert at once
             self.alerts.episode(values)
 

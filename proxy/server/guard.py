@@ -107,7 +107,7 @@ class Guard:
         self.metrics = metrics
         self.alerts = Alerts(settings.webhook_url, settings.webhook_events, settings.public_url, metrics) \
             if settings.webhook_url else None
-        self.episodes = EpisodeLog(store, metrics, self.alerts)
+        self.episodes = EpisodeLog(store, metrics, self.alerts, settings.capture_flagged)
         self.chain = ResponseChain(store)
         self.bodies = KnownBodies()  # each long conversation's last body: the next is parsed from where it differs
         judge = Judge(settings.judge_timeout, settings.judge_concurrency) \

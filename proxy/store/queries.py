@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -17,7 +18,7 @@ from proxy.detect.engine import TYPES
 from proxy.detect.evidence import Chanting, from_logged
 from proxy.detect.texts import Told, cut_notice, stop_text, warning_text
 from proxy.store import clean, rollup
-from proxy.store.models import (CountBucket, Detection, JudgeCheckRow, OutcomeBucket, ResumeLink, SessionCount,
+from proxy.store.models import (CapturedRequest, CountBucket, Detection, JudgeCheckRow, OutcomeBucket, ResumeLink, SessionCount,
                                 SessionRow, TaskOutcome)
 
 ACTIONS = tuple(action.value for action in Action)  # plain strings: keys of JSON objects
@@ -407,6 +408,21 @@ async def mark_detection(engine: AsyncEngine, detection_id: int, verdict: str, n
             return None
         row = (await connection.execute(select(Detection).where(Detection.id == detection_id))).one()
     return detection_dict(row)
+
+
+async def captured_requests(engine: AsyncEngine, mark: str | None = None, detection_id: int | None = None,
+                            since: datetime | None = None) -> list[tuple[dict, bytes]]:
+    """The requests kept with flagged detections (CAPTURE_FLAGGED), oldest first, each with its detection:
+    those marked `mark`, the one detection, or those since a time. Their bodies as the client sent them."""
+    conditions = DetectionFilter(since=since, mark=mark).conditions()
+    if detection_id is not None:
+        conditions.append(Detection.id == detection_id)
+    async with engine.connect() as connection:
+        rows = (await connection.execute(
+            select(Detection, CapturedRequest.body.label("captured_body"))
+            .join(CapturedRequest, CapturedRequest.episode_key == Detection.episode_key)
+            .where(*conditions).order_by(Detection.id))).all()
+    return [(detection_dict(row), zlib.decompress(row.captured_body)) for row in rows]
 
 
 def resumes(detection: dict) -> bool:

@@ -25,7 +25,7 @@ from proxy.detect.judge_policy import JudgeCheck
 from proxy.lru import LRU
 from proxy.store import clean, rollup
 from proxy.store.database import create_engine, ping
-from proxy.store.models import Detection, JudgeCheckRow, ResponseRow, ResumeLink, SessionRow
+from proxy.store.models import CapturedRequest, Detection, JudgeCheckRow, ResponseRow, ResumeLink, SessionRow
 from proxy.store.writer import LogWriter, utcnow
 
 log = logging.getLogger("loopwarden.store")
@@ -332,11 +332,12 @@ class Store:
             self._checking = None
 
     async def prune_responses(self) -> int:
-        """Forget responses past their retention."""
+        """Forget responses past their retention, and the requests kept with flagged detections with them."""
+        cutoff = utcnow() - self.response_retention
         async with self.engine.begin() as connection:
-            result = await connection.execute(
-                delete(ResponseRow).where(ResponseRow.created_at < utcnow() - self.response_retention))
-        return result.rowcount or 0
+            result = await connection.execute(delete(ResponseRow).where(ResponseRow.created_at < cutoff))
+            captured = await connection.execute(delete(CapturedRequest).where(CapturedRequest.created_at < cutoff))
+        return (result.rowcount or 0) + (captured.rowcount or 0)
 
     # -- operator controls: awaited, off the request path -------------------------------------------------------
 

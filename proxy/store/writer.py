@@ -7,6 +7,7 @@ import itertools
 import logging
 import threading
 import time
+import zlib
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -19,12 +20,17 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
 
 from proxy.store import clean, rollup
 from proxy.store.database import create_engine, dialect_insert, ping
-from proxy.store.models import DeadLetter, Detection, JudgeCheckRow, ResponseRow, ResumeLink, SessionRow
+from proxy.store.models import (
+    CapturedRequest, DeadLetter, Detection, JudgeCheckRow, ResponseRow, ResumeLink, SessionRow)
 
 log = logging.getLogger("loopwarden.store")
 
 BATCH = 500
 FLUSH_EVERY = 0.25  # seconds: how long a record may wait for company
+# Requests kept with flagged detections (CAPTURE_FLAGGED): one larger than this is not kept (a log line says
+# so), and those waiting for the database hold at most CAPTURE_BUFFER_BYTES (the oldest dropped, counted).
+CAPTURE_MAX_BYTES = 8 * 1024 * 1024
+CAPTURE_BUFFER_BYTES = 64 * 1024 * 1024
 MAX_BACKOFF = 10.0
 DROP_LOG_EVERY = 10.0
 
@@ -117,10 +123,14 @@ class LogWriter:
         # resent request, may have logged the same episode already, and then it is not called for it.
         self.on_inserted = None
         self._drop_logged_at = float("-inf")
+        self._captures: deque[dict] = deque()  # requests kept with flagged detections, waiting (their bodies raw)
+        self._captured_bytes = 0
         dialect = self._dialect = make_url(database_url).get_backend_name()
         # What a batch inserted comes back (a duplicate episode inserts nothing) for the overview's counts.
         self._insert_detections = dialect_insert(dialect, Detection).on_conflict_do_nothing(
-            index_elements=["episode_key"]).returning(*rollup.COUNTED, Detection.episode_key)
+            index_elements=["episode_key"]).returning(*rollup.COUNTED, Detection.episode_key, Detection.id)
+        self._insert_captures = dialect_insert(dialect, CapturedRequest).on_conflict_do_nothing(
+            index_elements=["episode_key"])
         self._insert_checks = dialect_insert(dialect, JudgeCheckRow)
         self._insert_links = dialect_insert(dialect, ResumeLink)
         self._insert_responses = dialect_insert(dialect, ResponseRow).on_conflict_do_nothing(
@@ -164,6 +174,25 @@ class LogWriter:
 
     def add_resume_link(self, values: dict) -> None:
         self._add(Pending(ResumeLink, clean.row(ResumeLink, values)))
+
+    def add_capture(self, values: dict) -> None:
+        """A request kept with a flagged detection (episode_key, created_at, tenant, session_id, dialect, path,
+        body as the client sent it): compressed and written on the writer's thread, apart from the log's
+        batches, within CAPTURE_BUFFER_BYTES."""
+        size = len(values["body"])
+        if size > CAPTURE_MAX_BYTES:
+            log.warning("the request of episode %s is %d bytes: over %d, not kept", values["episode_key"][:12],
+                        size, CAPTURE_MAX_BYTES)
+            return
+        dropped = 0
+        with self._lock:
+            self._captures.append(clean.row(CapturedRequest, values))
+            self._captured_bytes += size
+            while self._captured_bytes > CAPTURE_BUFFER_BYTES:
+                self._captured_bytes -= len(self._captures.popleft()["body"])
+                dropped += 1
+        if dropped:
+            self._count_drop(dropped)
 
     def add_recovery(self, values: dict) -> None:
         """Mark a task's episode as answered by a model that moved on (b_tenant, b_session_id, b_task,
@@ -258,7 +287,7 @@ class LogWriter:
     @property
     def pending(self) -> int:
         """Records not written yet, counting a batch on its way to the database."""
-        return len(self._rows) + len(self._sessions) + self._in_flight
+        return len(self._rows) + len(self._sessions) + self._in_flight + len(self._captures)
 
     # -- the writer's thread ----------------------------------------------------------------------------------
 
@@ -336,10 +365,30 @@ class LogWriter:
                 return
 
     async def _flush(self) -> None:
-        """Write what is buffered, batch by batch (on the writer's loop)."""
+        """Write what is buffered, batch by batch (on the writer's loop), then the requests kept."""
         async with self._flushing:
             while await self._flush_batch():
                 pass
+            await self._flush_captures()
+
+    async def _flush_captures(self) -> None:
+        """The requests kept with flagged detections, compressed here (off the proxy's loop), in one
+        transaction; on failure they wait for the next flush."""
+        with self._lock:
+            captures = list(self._captures)
+            self._captures.clear()
+            self._captured_bytes = 0
+        if not captures:
+            return
+        try:
+            async with self.engine.begin() as connection:
+                await connection.execute(self._insert_captures, [
+                    {**values, "body": zlib.compress(values["body"])} for values in captures])
+        except BaseException:
+            with self._lock:
+                self._captures.extendleft(reversed(captures))
+                self._captured_bytes += sum(len(values["body"]) for values in captures)
+            raise
 
     async def _flush_batch(self) -> bool:
         """Write one batch; True when a full batch went out and more may be waiting. A batch the database
@@ -389,8 +438,9 @@ class LogWriter:
             if sessions:
                 await connection.execute(self._upsert_sessions, [seen.row() for _, seen in sessions])
         if inserted and self.on_inserted is not None:
-            first = {row.episode_key for row in inserted}
-            self.on_inserted([values for values in by_table[Detection] if values["episode_key"] in first])
+            first = {row.episode_key: row.id for row in inserted}
+            self.on_inserted([{**values, "id": first[values["episode_key"]]} for values in by_table[Detection]
+                              if values["episode_key"] in first])
 
     async def _write_apart(self, rows: list[Pending], sessions: list, cause: Exception) -> None:
         """A refused batch, halved until each half is written or is one record, which is set aside."""
