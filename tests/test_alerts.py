@@ -86,8 +86,10 @@ async def test_a_stop_is_sent_once_and_a_resend_sends_nothing_new(upstream, prox
     # the link that lets the session go on, as the stop's message names it
     assert alert["resume_url"].startswith("https://lw.example.com/loopwarden/resume/")
     assert alert["text"].endswith(f"to let it go on: {alert['resume_url']}")
-    assert alert["text"].startswith("loopwarden stopped a tool_call loop (`read_file`, episode 3/2, turn 7) in "
-                                    "session night run/7") and f"— {alert['url']} —" in alert["text"]
+    assert isinstance(alert["detection_id"], int)  # what `loopwarden mark` and the page's buttons take
+    assert alert["text"].startswith(
+        f"loopwarden stopped a tool_call loop (`read_file`, detection {alert['detection_id']}, episode 3/2, turn 7) "
+        "in session night run/7") and f"— {alert['url']} —" in alert["text"]
     with pytest.raises(openai.BadRequestError):
         await agent.turn()  # the same request again
     await asyncio.sleep(0.3)
