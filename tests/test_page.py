@@ -138,15 +138,18 @@ async def test_overview_timeline_controls_and_markup_as_text(upstream, proxy, br
             async with http.get(f"{proxy.root}/loopwarden/api/sessions/looping") as answer:
                 return (await answer.json())["data"][0]
 
+    assert await page.inner_text("#session-list tbody tr:has-text('looping') td.status") == "stopped"
+    await page.wait_for_selector("#detail-summary:has-text('stopped: its current task is refused')")
     await page.click("#disable")
-    await page.wait_for_selector("#detail-summary:has-text('detection disabled')")
-    assert (await state())["disabled"] is True
+    await page.wait_for_selector("#detail-summary:has-text('off: detection disabled')")
+    assert (await state())["disabled"] is True and (await state())["status"] == "off"
     await page.click("#enable")
-    await page.wait_for_selector("#detail-summary:has-text('detection active')")
+    await page.wait_for_selector("#detail-summary:has-text('stopped: ')")  # enabled again, the stop stands
     assert (await state())["disabled"] is False
     await page.click("#reset")
     await page.wait_for_selector("#status:has-text('reset: done')")
     assert (await state())["reset_at_message"] == 16
+    await page.wait_for_selector("#detail-summary:has-text('ok: no loop in its current task')")
 
     # The judge's verdict and the markup session's timeline.
     await page.click("#session-list tbody tr:has-text('judged')")

@@ -135,6 +135,7 @@ class GeminiDialect(DialectDefaults):
     name = "gemini"
     items_key = "contents"
     provider = "gcp.gemini"
+    base_url_fix = "set GOOGLE_GEMINI_BASE_URL={base} without a version (the client adds /v1beta itself)"
     # Its own routes, each decided per request (`route`): a model's methods under /v1beta/ or /v1/ (under
     # /v1/ only a `name:method` target, as OpenAI's /v1/models/{id} is the OpenAI upstream's), and any other
     # /v1beta/ path (the models list), relayed.
