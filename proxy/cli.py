@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import logging
 import os
@@ -93,6 +94,23 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="try one setting's value (repeatable), e.g. --set tool_call_threshold=3")
     return parser
+
+
+def commands() -> list[str]:
+    """The CLI's commands, in the order `--help` lists them."""
+    return list(_subcommands(_parser()))
+
+
+def command_help(name: str | None = None, width: int = 100) -> str:
+    """A command's `--help` (the program's, without a name), at a fixed width: the CLI's documentation pages
+    are made of it."""
+    parser = _parser() if name is None else _subcommands(_parser())[name]
+    parser.formatter_class = functools.partial(argparse.HelpFormatter, width=width)
+    return parser.format_help()
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(action.choices for action in parser._actions if isinstance(action, argparse._SubParsersAction))
 
 
 def _flag_values(args: argparse.Namespace) -> dict:

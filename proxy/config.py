@@ -146,13 +146,19 @@ FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "policies
 SECRETS = frozenset(name for name, f in FIELDS.items() if f.metadata["secret"])  # never shown
 
 
-def help_line(name: str) -> str:
-    """A setting's help: what it does, its default and its environment variable."""
+def shown_default(name: str) -> Any:
+    """A setting's default as a person reads it (None: unset)."""
     default = FIELDS[name].default
     if default is dataclasses.MISSING:
         default = FIELDS[name].default_factory()  # type: ignore[misc]
     if isinstance(default, frozenset):
         default = ",".join(sorted(default)) or None
+    return default
+
+
+def help_line(name: str) -> str:
+    """A setting's help: what it does, its default and its environment variable."""
+    default = shown_default(name)
     shown = "unset" if default is None else default
     return f"{FIELDS[name].metadata['help']} (default: {shown}; env {ENV_PREFIX}{name.upper()})"
 

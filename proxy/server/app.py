@@ -468,7 +468,7 @@ BASE_URL_OFF_LOGGED_EVERY = 60.0
 def _base_url_off(request: web.Request, off: OffByV1) -> web.Response:
     """404 in the dialect's shape, naming the fix; the first of each minute logged."""
     settings = request.app[SETTINGS]
-    base = (settings.public_url or f"http://{_own_host(request, settings.host)}:{settings.port}").rstrip("/")
+    base = (settings.public_url or f"{request.scheme}://{request.host[:200]}").rstrip("/")  # as the client reached it
     fix = off.dialect.base_url_fix.format(base=base)
     message = (f"{request.path[:200]} is {off.meant} with {'one /v1 too many' if off.doubled else 'its /v1 missing'}"
                f": the client's base URL is off, and loopwarden does not pass on a conversation it cannot watch; "
@@ -481,15 +481,6 @@ def _base_url_off(request: web.Request, off: OffByV1) -> web.Response:
                     message)
     return json_error(404, message, "not_found_error" if off.dialect.provider == "anthropic" else
                       "invalid_request_error", "wrong_base_url", shape=off.dialect.error_body)
-
-
-def _own_host(request: web.Request, listening: str) -> str:
-    """The host a client reaches the proxy at: the one it listens on, or, listening on every address, the
-    one the request named (when it reads as a host name or address)."""
-    if listening not in ("0.0.0.0", "::", ""):
-        return listening if ":" not in listening else f"[{listening}]"
-    host = request.host.rpartition(":")[0] if request.host.count(":") == 1 else request.host
-    return host if re.fullmatch(r"[A-Za-z0-9.\-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]", host) else "HOST"
 
 
 async def _whole_body(request: web.Request, limit: int) -> bytes:
