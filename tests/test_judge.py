@@ -56,6 +56,13 @@ def warnings_in(body: dict) -> list[str]:
     return [m["content"] for m in body["messages"] if str(m.get("content", "")).startswith("[loopwarden]")]
 
 
+
+@pytest.fixture
+async def proxy(upstream, proxy_factory):
+    """The judge spends model calls, so it runs only when asked for: these tests ask."""
+    return await proxy_factory(upstream.url, llm_check=True)
+
+
 async def test_schedule_first_at_turn_30_then_adaptive(upstream, proxy):
     answers = [verdict(0.85), verdict(0.0), verdict(0.3)]
     upstream.judge = lambda body: answers.pop(0)
@@ -95,7 +102,7 @@ async def test_a_sure_verdict_warns_on_the_next_request(upstream, proxy):
 
 
 async def test_confirmation_below_the_threshold_is_no_loop(upstream, proxy_factory):
-    running = await proxy_factory(upstream.url, judge_confirm_model="strong-model")
+    running = await proxy_factory(upstream.url, llm_check=True, judge_confirm_model="strong-model")
     upstream.judge = lambda body: verdict(0.89 if body["model"] == "strong-model" else 0.95)
     await ask(running.url, 30)
     assert await judged(upstream, 2)
@@ -117,7 +124,7 @@ async def test_confirmation_below_the_threshold_is_no_loop(upstream, proxy_facto
     Turn(hang=True),
 ])
 async def test_a_failing_judge_never_harms_a_request(upstream, proxy_factory, answer):
-    running = await proxy_factory(upstream.url, judge_timeout=0.5)
+    running = await proxy_factory(upstream.url, llm_check=True, judge_timeout=0.5)
     upstream.judge = lambda body: answer
     elapsed, _ = await ask(running.url, 30)
     assert elapsed < 1.0
@@ -153,9 +160,9 @@ async def test_backends_without_structured_output_still_give_a_verdict(upstream,
 
 
 async def test_judge_requests_through_the_proxy_are_not_inspected(upstream, proxy_factory):
-    running = await proxy_factory(upstream.url)
+    running = await proxy_factory(upstream.url, llm_check=True)
     # A second proxy whose judge is the first proxy: its judge requests pass through it untouched.
-    outer = await proxy_factory(running.url)
+    outer = await proxy_factory(running.url, llm_check=True)
     upstream.judge = lambda body: verdict(0.2)
     await ask(outer.url, 30)
     assert await judged(upstream, 1)

@@ -92,7 +92,8 @@ async def seed(upstream, proxy) -> None:
             await asyncio.sleep(0.05)
 
 
-async def test_overview_timeline_controls_and_markup_as_text(upstream, proxy, browser):
+async def test_overview_timeline_controls_and_markup_as_text(upstream, proxy_factory, browser):
+    proxy = await proxy_factory(upstream.url, llm_check=True)  # a judge's verdict is among what it shows
     await seed(upstream, proxy)
     page = await browser.new_page(viewport={"width": 1280, "height": 900})
     watched = Watched(page, proxy.root)
