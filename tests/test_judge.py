@@ -224,3 +224,13 @@ def test_each_dialect_asks_the_judge_question_in_its_own_shape():
     route = judge_route(elsewhere, GEMINI)  # JUDGE_URL: Chat Completions for every session
     assert (route.dialect, str(route.url("/v1/chat/completions")), route.key) == (
         OPENAI, "http://j/v1/chat/completions", "jk")
+
+
+async def test_the_judge_is_off_until_asked_for(upstream, proxy_factory):
+    """It spends model calls on the agent's key: with the settings as they come, a long task makes none."""
+    running = await proxy_factory(upstream.url)
+    upstream.judge = lambda body: verdict(0.95)
+    for turns in (30, 31, 45):
+        await ask(running.url, turns)
+    assert not await judged(upstream, 1, timeout=1.0)
+    assert len(upstream.chat_requests) == 3  # the agent's own requests only
