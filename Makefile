@@ -18,7 +18,7 @@ CODEX := @openai/codex@0.169.0
 CLINE := cline@3.0.65
 MASTRA := @mastra/core@0.24.9 @ai-sdk/openai@2.0.131 zod@3.25.76
 
-.PHONY: serve test bench migrate clean agents-check agents-frameworks test-tools docs docs-build
+.PHONY: serve test bench migrate clean agents-check agents-frameworks test-tools docs docs-build screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -125,6 +125,11 @@ docs: $(DOCS_STAMP)
 # Built into site/; --strict: a broken link, a page left out of the navigation or a missing file fails it.
 docs-build: $(DOCS_STAMP)
 	LOOPWARDEN_NO_EXTENSIONS=1 NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --site-dir site
+
+# The documentation's pictures of the page (docs/overview.png, docs/sessions.png), taken by the page's tests from
+# the log they seed.
+screenshots: $(STAMP) test-tools
+	LOOPWARDEN_SCREENSHOTS=docs $(BIN)/python -m pytest -q tests/test_page_sessions.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/overhead.py

@@ -162,8 +162,6 @@ async def test_overview_timeline_controls_and_markup_as_text(upstream, proxy_fac
     assert "<script>window.__pwned=2</script>" in await page.inner_text("#timeline")
     assert await page.evaluate("window.__pwned === undefined")
     watched.clean()
-    await page.screenshot(path=os.environ.get("LOOPWARDEN_SCREENSHOT", "/dev/null"), full_page=True) \
-        if os.environ.get("LOOPWARDEN_SCREENSHOT") else None
 
 
 async def test_with_an_admin_token_nothing_shows_before_it_is_given(upstream, proxy_factory, browser):
@@ -226,7 +224,5 @@ async def test_an_alerts_link_opens_the_sessions_timeline(upstream, proxy, brows
         return "[loopwarden] Loop detected (1/2)" in await page.inner_text("#session-detail")
 
     await until(warning_shown, True)
-    if os.environ.get("LOOPWARDEN_SCREENSHOT"):
-        await page.screenshot(path=os.environ["LOOPWARDEN_SCREENSHOT"], full_page=True)
     watched.clean()
     await page.close()

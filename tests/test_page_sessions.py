@@ -68,12 +68,14 @@ async def seed(upstream, proxy) -> None:
             await asyncio.sleep(0.05)
 
 
-def screenshot_path(suffix: str = "") -> str | None:
-    path = os.environ.get("LOOPWARDEN_SCREENSHOT")
-    if not path:
-        return None
-    chosen = Path(path)
-    return str(chosen.with_name(f"{chosen.stem}{suffix}{chosen.suffix or '.png'}"))
+# The documentation's pictures of the page are taken here, from the seeded log: `make screenshots` saves them
+# in docs/ (LOOPWARDEN_SCREENSHOTS names the folder; unset, none is taken).
+PICTURES = os.environ.get("LOOPWARDEN_SCREENSHOTS")
+
+
+async def picture(page, name: str, **options) -> None:
+    if PICTURES:
+        await page.screenshot(path=str(Path(PICTURES) / name), **options)
 
 
 async def test_sessions_show_agent_and_title_search_and_open_scrolls(upstream, proxy, browser):
@@ -95,9 +97,6 @@ async def test_sessions_show_agent_and_title_search_and_open_scrolls(upstream, p
 
     await until(scrolled, True)
     assert await page.evaluate("window.scrollY") > 200
-    shot = screenshot_path()
-    if shot:
-        await page.screenshot(path=shot)
 
     # Every session's agent and title in the list, as text.
     rows = {}
@@ -133,12 +132,14 @@ async def test_sessions_show_agent_and_title_search_and_open_scrolls(upstream, p
     await until(visible, ["markup-1"])
     await page.fill("#session-search", "")
     await until(lambda: page.locator("#session-list tbody tr:visible").count(), len(AGENTS) + 1)
-    shot = screenshot_path("-list")
-    if shot:
-        await page.screenshot(path=shot, full_page=True)
-    await page.fill("#session-search", "ki")
-    shot = screenshot_path("-search")
-    if shot:
-        await page.screenshot(path=shot)
+    assert await page.inner_text(f"#session-list tbody tr:has-text('{LOOPING}') td.status") == "warned"
+    await picture(page, "sessions.png", full_page=True)
+
+    # The overview of the same log.
+    await page.evaluate("window.scrollTo(0, 0)")
+    await page.click("#tabs button[data-view=overview]")
+    await page.wait_for_selector("#recent tbody tr td.evidence")
+    await page.set_viewport_size({"width": 1280, "height": 860})
+    await picture(page, "overview.png")
     watched.clean()
     await page.close()
