@@ -101,7 +101,7 @@ def commands() -> list[str]:
     return list(_subcommands(_parser()))
 
 
-def command_help(name: str | None = None, width: int = 100) -> str:
+def command_help(name: str | None = None, width: int = 80) -> str:
     """A command's `--help` (the program's, without a name), at a fixed width: the CLI's documentation pages
     are made of it."""
     parser = _parser() if name is None else _subcommands(_parser())[name]
