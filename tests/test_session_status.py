@@ -19,8 +19,8 @@ async def statuses(root: str) -> dict[str, str]:
             return {item["session_id"]: item["status"] for item in (await response.json())["data"]}
 
 
-async def test_a_sessions_status_follows_its_current_task(upstream, proxy_factory, tmp_path):
-    url = f"sqlite+aiosqlite:///{tmp_path}/status.db"
+async def test_a_sessions_status_follows_its_current_task(upstream, proxy_factory, database_url):
+    url = database_url  # SQLite and PostgreSQL
     proxy = await proxy_factory(upstream.url, database_url=url)
     agents = {name: Agent(proxy.url, headers={"X-Loopwarden-Session": name})
               for name in ("calm", "warned", "stopped", "moved-on", "switched-off")}
