@@ -84,7 +84,7 @@ async def test_a_gemini_base_url_ending_in_v1_is_told_in_googles_shape(upstream,
                              headers={"x-goog-api-key": "g-x"}) as response:
             assert response.status == 404
             body = await response.json()
-    assert set(body) == {"error"} and body["error"]["status"]
+    assert set(body) == {"error"} and body["error"]["status"] == "NOT_FOUND"
     assert f"GOOGLE_GEMINI_BASE_URL={proxy.root} without a version" in body["error"]["message"]
     assert upstream.requests == []
 

@@ -479,8 +479,7 @@ def _base_url_off(request: web.Request, off: OffByV1) -> web.Response:
         logged[kind] = now
         log.warning("refused %s %s (at most one such line a minute): %s", request.method, request.path[:200],
                     message)
-    return json_error(404, message, "not_found_error" if off.dialect.provider == "anthropic" else
-                      "invalid_request_error", "wrong_base_url", shape=off.dialect.error_body)
+    return json_error(404, message, off.dialect.not_found_type, "wrong_base_url", shape=off.dialect.error_body)
 
 
 async def _whole_body(request: web.Request, limit: int) -> bytes:

@@ -25,6 +25,7 @@ class OpenAIDialect(DialectDefaults):
 
     provider = "openai"
     base_url_fix = "set the client's OpenAI base URL (OPENAI_BASE_URL, base_url) to {base}/v1, with /v1 once"
+    not_found_type = "invalid_request_error"
 
     @staticmethod
     def claims(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
