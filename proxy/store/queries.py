@@ -314,7 +314,6 @@ async def timeline(engine: AsyncEngine, where: DetectionFilter, buckets: int = 4
     return {"start": iso(start), "bucket_seconds": width, "buckets": buckets, "series": series}
 
 
-STATUSES = ("stopped", "warned", "ok", "off")
 # Where a session's current task stands: 2 stopped, 1 warned (or a stream cut), none: neither since the last reset.
 _STANDING = (
     select(func.max(case((Detection.action == Action.STOPPED.value, 2), else_=1)))
