@@ -208,7 +208,7 @@ def start_line(settings: Settings, database: str, proxies: str | None = None) ->
         f"preset {settings.preset}: {ladder(settings)}"
     return (f"loopwarden listening on http://{settings.host}:{settings.port} | upstreams: OpenAI "
             f"{shown_url(settings.upstream_url)}, Anthropic {shown_url(settings.anthropic_upstream_url)}, Gemini "
-            f"{shown_url(settings.gemini_upstream_url)}{f' (forward proxy {proxies})' if proxies else ''} | "
+            f"{shown_url(settings.gemini_upstream_url)}{f' (forward proxy: {proxies})' if proxies else ''} | "
             f"database: {database} | {mode} | {judge_line(settings)}")
 
 
