@@ -18,7 +18,7 @@ CODEX := @openai/codex@0.169.0
 CLINE := cline@3.0.65
 MASTRA := @mastra/core@0.24.9 @ai-sdk/openai@2.0.131 zod@3.25.76
 
-.PHONY: serve test bench migrate clean agents-check agents-frameworks test-tools
+.PHONY: serve test bench migrate clean agents-check agents-frameworks test-tools docs docs-build screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -107,10 +107,34 @@ agents-frameworks: $(AGENTS_STAMP)
 	$(FRAMEWORKS)/openhands/bin/pip install --quiet 'openhands-sdk==1.58.2' 'openhands-tools==1.58.2'
 	$(AGENTS_VENV)/bin/python -m pytest -q tests/agents/test_frameworks.py -W ignore::ResourceWarning
 
+# The documentation (MkDocs with the Material theme, from docs/ and mkdocs.yml), in an environment of its own:
+# serving and testing never need it. Its generated pages (the settings, each command's --help, the log's schema)
+# import the package, which runs here as plain Python.
+DOCS_VENV := .venv-docs
+DOCS_STAMP := $(DOCS_VENV)/.installed
+$(DOCS_STAMP): pyproject.toml setup.py
+	test -x $(DOCS_VENV)/bin/python || $(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/pip install --quiet --upgrade pip
+	LOOPWARDEN_NO_EXTENSIONS=1 $(DOCS_VENV)/bin/pip install --quiet -e '.[docs]'
+	touch $@
+
+# Served at http://127.0.0.1:8000/ (LOOPWARDEN_DOCS_PORT to choose), rebuilt on each edit.
+docs: $(DOCS_STAMP)
+	LOOPWARDEN_NO_EXTENSIONS=1 NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:$${LOOPWARDEN_DOCS_PORT:-8000}
+
+# Built into site/; --strict: a broken link, a page left out of the navigation or a missing file fails it.
+docs-build: $(DOCS_STAMP)
+	LOOPWARDEN_NO_EXTENSIONS=1 NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --site-dir site
+
+# The documentation's pictures of the page (docs/overview.png, docs/sessions.png), taken by the page's tests from
+# the log they seed.
+screenshots: $(STAMP) test-tools
+	LOOPWARDEN_SCREENSHOTS=docs $(BIN)/python -m pytest -q tests/test_page_sessions.py
+
 bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/detect.py
 
 clean:
-	rm -rf $(VENV) $(AGENTS_VENV) $(FRAMEWORKS) *.egg-info .pytest_cache build
+	rm -rf $(VENV) $(AGENTS_VENV) $(FRAMEWORKS) $(DOCS_VENV) site *.egg-info .pytest_cache build
 	find proxy -name '*.so' -o -name '*.so.source' -o -name '*.c' | xargs rm -f

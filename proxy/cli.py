@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import logging
 import os
@@ -11,7 +12,8 @@ import signal
 import sys
 from typing import Sequence
 
-from proxy.config import FIELDS, ConfigError, Settings, flag_name, help_line, resolve, shown_url, upstream_url_warnings
+from proxy.config import (FIELDS, ConfigError, Settings, flag_name, help_line, judge_line, ladder, resolve, shown_url,
+                          upstream_url_warnings)
 
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1
@@ -44,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     _settings_flags(serve, server=True)
     serve.add_argument("--no-migrate", action="store_true",
                        help="do not apply migrations on start (default: apply them)")
+    serve.add_argument("--verbose", action="store_true",
+                       help="say at start how it was built: the event loop, the request path compiled or not")
 
     migrate = commands.add_parser("migrate", help="apply database migrations")
     _settings_flags(migrate, server=False)
@@ -111,6 +115,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def commands() -> list[str]:
+    """The CLI's commands, in the order `--help` lists them."""
+    return list(_subcommands(_parser()))
+
+
+def command_help(name: str | None = None, width: int = 80) -> str:
+    """A command's `--help` (the program's, without a name), at a fixed width: the CLI's documentation pages
+    are made of it."""
+    parser = _parser() if name is None else _subcommands(_parser())[name]
+    parser.formatter_class = functools.partial(argparse.HelpFormatter, width=width)
+    return parser.format_help()
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(action.choices for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+
+
 def _flag_values(args: argparse.Namespace) -> dict:
     values = {name: getattr(args, name) for name in FIELDS if getattr(args, name, None) is not None}
     if getattr(args, "config", None):
@@ -150,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "serve":
-            return _serve(settings, migrate=not args.no_migrate)
+            return _serve(settings, migrate=not args.no_migrate, verbose=args.verbose)
         if args.command == "migrate":
             run_migrations(settings.database_url)
             _emit("database is up to date")
@@ -199,6 +220,17 @@ def _quiet_stdout() -> None:
         pass
 
 
+def start_line(settings: Settings, database: str, proxies: str | None = None) -> str:
+    """What a person starting the proxy needs: where it listens, where requests go, where the log is, and
+    what it does to a loop."""
+    mode = "observe mode: detects and logs, changes nothing" if settings.mode == "observe" else \
+        f"preset {settings.preset}: {ladder(settings)}"
+    return (f"loopwarden listening on http://{settings.host}:{settings.port} | upstreams: OpenAI "
+            f"{shown_url(settings.upstream_url)}, Anthropic {shown_url(settings.anthropic_upstream_url)}, Gemini "
+            f"{shown_url(settings.gemini_upstream_url)}{f' (forward proxy: {proxies})' if proxies else ''} | "
+            f"database: {database} | {mode} | {judge_line(settings)}")
+
+
 # Young collections every 10,000 allocations rather than 700: a full collection walks every object the
 # caches and the log buffer hold, and with the default it came every 2 s under a stream of new sessions
 # (30-60 ms each, every request in flight held); now about once a minute.
@@ -222,7 +254,7 @@ def _stop_before_serving(signum, frame) -> None:
     raise SystemExit(0)
 
 
-def _serve(settings: Settings, *, migrate: bool) -> int:
+def _serve(settings: Settings, *, migrate: bool, verbose: bool = False) -> int:
     from aiohttp import web
 
     from proxy import compiled
@@ -245,11 +277,9 @@ def _serve(settings: Settings, *, migrate: bool) -> int:
     proxies = Proxies.from_environment().shown()
 
     def listening(_: str) -> None:  # called once the port is bound
-        log.info("loopwarden listening on http://%s:%s, upstreams %s (OpenAI), %s (Anthropic), %s (Gemini)%s, "
-                 "database %s, on %s, request path %s", settings.host, settings.port, shown_url(settings.upstream_url),
-                 shown_url(settings.anthropic_upstream_url), shown_url(settings.gemini_upstream_url),
-                 f", forward proxy: {proxies}" if proxies else "", describe(settings.database_url),
-                 loop_name(settings.event_loop), compiled.describe())
+        log.info("%s", start_line(settings, describe(settings.database_url), proxies))
+        if verbose:
+            log.info("built: event loop %s, request path %s", loop_name(settings.event_loop), compiled.describe())
 
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a stop held since the start is taken here
     try:

@@ -120,16 +120,29 @@ async def _stats(engine, args, since) -> str:
     return "\n".join(lines)
 
 
+# The sessions table's widest free-text columns are cut to these (the whole text: --format json or csv).
+AGENT_CHARS = 28
+TITLE_CHARS = 30
+
+
 async def _sessions(engine, args, since) -> str:
     items = await queries.list_sessions(engine, since, limit=args.limit)
     if args.format == "json":
         return _json(items)
-    columns = ["session_id", "first_seen", "last_seen", "requests", "messages", "detections", "disabled", "model",
-               "agent", "title"]
     if args.format == "csv":
-        return _csv(columns + ["tenant"], items)
-    return _table(columns, [{**i, "first_seen": _local(i["first_seen"]), "last_seen": _local(i["last_seen"])}
-                            for i in items], empty="no sessions")
+        return _csv(["session_id", "status", "first_seen", "last_seen", "requests", "messages", "detections",
+                     "disabled", "model", "agent", "title", "tenant"], items)
+    today = datetime.now().strftime("%Y-%m-%d")
+    rows = [{"session": item["session_id"], "status": item["status"],
+             "last seen": _local(item["last_seen"]).removeprefix(today + " "), "requests": item["requests"],
+             "detections": item["detections"], "agent": _cut(item["agent"], AGENT_CHARS),
+             "title": _cut(item["title"], TITLE_CHARS)} for item in items]
+    return _table(["session", "status", "last seen", "requests", "detections", "agent", "title"], rows,
+                  empty="no sessions")
+
+
+def _cut(text: str | None, limit: int) -> str | None:
+    return text if text is None or len(text) <= limit else text[:limit - 1] + "…"
 
 
 async def _session(engine, args, since) -> str:
@@ -140,23 +153,29 @@ async def _session(engine, args, since) -> str:
         return _json(found)
     out = []
     for session in found:
-        out.append(f"session {session['session_id']} (tenant {session['tenant']}): {session['requests']} requests, "
-                   f"last seen {_local(session['last_seen'])}"
+        out.append(f"session {session['session_id']} (tenant {session['tenant']}): {session['status']}, "
+                   f"{session['requests']} requests, last seen {_local(session['last_seen'])}"
                    f"{', detection disabled' if session['disabled'] else ''}")
         if session["agent"] or session["title"]:
             out.append(f"  {session['agent'] or 'unknown agent'}: {session['title'] or '(no prompt)'}")
+        tasks: dict[str, int] = {}  # numbered as first seen; a new person's prompt starts the next
+        previous = None
         for entry in session["timeline"]:
-            if entry["kind"] == "resume":
-                out.append(f"  {_local(entry['at'])}  resumed by a person: the stop and warnings forgiven")
-            elif entry["kind"] == "detection":
-                out.append(f"  {_local(entry['at'])}  {entry['action']:<7} {entry['type']:<10} "
-                           f"{_episode(entry):<4} turn {entry['turn']}: {_summary(entry)}")
-            else:
-                out.append(f"  {_local(entry['at'])}  judge   turn {entry['turn']}: confidence "
-                           f"{entry['confidence']} {entry['analysis'][:60]}")
+            if entry["task"] != previous:
+                out.append(f"  task {tasks.setdefault(entry['task'], len(tasks) + 1)}")
+                previous = entry["task"]
+            out.append(f"    {_local(entry['at'])}  {_timeline_line(entry)}")
         if not session["timeline"]:
             out.append("  no detections")
     return "\n".join(out)
+
+
+def _timeline_line(entry: dict) -> str:
+    if entry["kind"] == "resume":
+        return "resumed by a person: the stop and warnings forgiven, its next request goes through"
+    if entry["kind"] == "detection":
+        return f"{entry['action']:<7} {entry['type']:<10} {_episode(entry):<4} turn {entry['turn']}: {_summary(entry)}"
+    return f"judge   turn {entry['turn']}: confidence {entry['confidence']} {entry['analysis'][:60]}"
 
 
 async def _resume(engine, args, since) -> str:

@@ -99,7 +99,8 @@ class Settings:
     content_loop_threshold: int = setting(10, "repeats of a chunk that make chanting", minimum=2)
     dynamic_thresholds: bool = setting(False, "scale thresholds by conversation length")
     whitelisted_tools: frozenset[str] = setting(frozenset, "comma list of tools never counted as looping")
-    llm_check: bool = setting(True, "ask a judge model whether a long task still progresses")
+    llm_check: bool = setting(False, "ask a judge model whether a long task still progresses (it spends model calls: "
+                                     "on the judge's settings, else the upstream with the request's model and key)")
     llm_check_after_turns: int = setting(30, "assistant turns in a task before the first judge call", minimum=1)
     judge_url: str | None = url_setting(None, "where the judge runs (unset: the upstream)")
     judge_model: str | None = setting(None, "the judge's model (unset: the request's model)")
@@ -133,6 +134,10 @@ class Settings:
     # From the config file's [tools."..."] and [models."..."] tables only.
     policies: Policies = field(default_factory=Policies)
 
+    def judge_asked(self) -> bool:
+        """Whether the judge may run: LLM_CHECK, or a model's policy that turns it on."""
+        return self.llm_check or any(dict(rule.values).get("llm_check") for rule in self.policies.models)
+
     def for_model(self, model: str | None) -> "Settings":
         """The settings in force for a request's model: its policy's values over these."""
         overrides = self.policies.model(model)
@@ -144,13 +149,19 @@ FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "policies
 SECRETS = frozenset(name for name, f in FIELDS.items() if f.metadata["secret"])  # never shown
 
 
-def help_line(name: str) -> str:
-    """A setting's help: what it does, its default and its environment variable."""
+def shown_default(name: str) -> Any:
+    """A setting's default as a person reads it (None: unset)."""
     default = FIELDS[name].default
     if default is dataclasses.MISSING:
         default = FIELDS[name].default_factory()  # type: ignore[misc]
     if isinstance(default, frozenset):
         default = ",".join(sorted(default)) or None
+    return default
+
+
+def help_line(name: str) -> str:
+    """A setting's help: what it does, its default and its environment variable."""
+    default = shown_default(name)
     shown = "unset" if default is None else default
     return f"{FIELDS[name].metadata['help']} (default: {shown}; env {ENV_PREFIX}{name.upper()})"
 
@@ -286,6 +297,33 @@ _DATABASE_DRIVERS = ("sqlite+aiosqlite", "postgresql+asyncpg")
 
 # An upstream URL ending so names one endpoint, where a base is needed.
 _ENDPOINTS = ("/chat/completions", "/completions", "/responses", "/messages", "/embeddings", "/models")
+
+
+def _nth(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def ladder(settings: Settings) -> str:
+    """The warnings and the stop the settings give a repeated call, in words."""
+    first, stop = settings.tool_call_threshold, settings.tool_call_threshold + settings.max_warnings
+    rungs = [_nth(n) for n in range(first, stop)]
+    warned = " and ".join(filter(None, (", ".join(rungs[:-1]), rungs[-1]))) if rungs else ""
+    told = f"warned at the {warned} identical call, " if warned else ""
+    return f"{told}stopped at the {_nth(stop)}"
+
+
+def judge_line(settings: Settings) -> str:
+    """Whether the judge runs, and when it does, where its calls go and on whose key."""
+    if not settings.judge_asked():
+        return "judge off"
+    where = f"to {shown_url(settings.judge_url)}" if settings.judge_url else "to each request's own upstream"
+    model = settings.judge_model or "the request's model"
+    upstream_keys = (settings.upstream_api_key,) if settings.judge_url else \
+        (settings.upstream_api_key, settings.anthropic_upstream_api_key, settings.gemini_upstream_api_key)
+    key = "LOOPWARDEN_JUDGE_API_KEY" if settings.judge_api_key else \
+        "the configured upstream key (else the client's key)" if any(upstream_keys) else "the client's key"
+    scope = "" if settings.llm_check else " (for the models a policy names)"
+    return f"judge on{scope}: its calls go {where}, model {model}, on {key}"
 
 
 def upstream_url_warnings(settings: Settings) -> list[str]:

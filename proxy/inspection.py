@@ -186,7 +186,7 @@ class Facts(Protocol):
     def judge_checks(self, tenant: str, session_id: str, task: str) -> list[JudgeCheck]: ...
 
     def session_seen(self, tenant: str, session_id: str, message_count: int, model: str | None,
-                     agent: str | None = None, title: str | None = None) -> None: ...
+                     agent: str | None = None, title: str | None = None, task: str | None = None) -> None: ...
 
     def resume_link_issued(self, token: str, tenant: str, session_id: str, task: str) -> None: ...
 
@@ -277,6 +277,8 @@ class Flow:
     model: str | None = None
     memory: SessionMemory | None = None
     controls: Any = None  # an operator's, for the session (.disabled, .reset_at_message)
+    agent: str | None = None  # the agent and the title read of a session new to this process
+    title: str | None = None
     plan_mode: bool = False
     observe: bool = False
     settings: Settings | None = None
@@ -365,12 +367,14 @@ class Inspector:
         flow = self._read(incoming)
         self._identify(flow)
         if self._disabled(flow):
+            self._seen(flow, None)
             return Forward(flow.raw, flow.answer_headers)
         self._mode(flow)
         state, fold = analyze(flow.config, flow.messages, flow.controls.reset_at_message if flow.controls else 0,
                               flow.memory.fold, flow.fingerprints)
         flow.memory.fold = fold
         self._sessions.put(flow.key, flow.memory)  # weighed again, as its conversation grew
+        self._seen(flow, state.key)
         checks = self.facts.judge_checks(flow.tenant, flow.session_id, state.key) if self.facts is not None else []
         decision = Decision(episodes(flow.config, state, plan_mode=flow.plan_mode, judge_checks=checks,
                                      unseen=flow.memory.unseen))
@@ -438,13 +442,17 @@ class Inspector:
         memory.message_count = len(messages)
         flow.memory = memory
         if self.facts is not None:
-            agent = title = None
             if new_here:
                 system = system_text(messages)
-                agent, title = agent_name(incoming.headers, system), session_title(
+                flow.agent, flow.title = agent_name(incoming.headers, system), session_title(
                     (m.text for m in _opening(messages) if m.role == USER), system)
-            self.facts.session_seen(flow.tenant, flow.session_id, len(messages), flow.model, agent, title)
             flow.controls = self.facts.controls(flow.tenant, flow.session_id)
+
+    def _seen(self, flow: Flow, task: str | None) -> None:
+        """The session seen, in its current task (None: not read, detection being off for it)."""
+        if self.facts is not None:
+            self.facts.session_seen(flow.tenant, flow.session_id, len(flow.messages), flow.model, flow.agent,
+                                    flow.title, task)
 
     @staticmethod
     def _disabled(flow: Flow) -> bool:

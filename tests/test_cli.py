@@ -134,4 +134,4 @@ async def test_the_start_line_says_where_the_database_is(upstream, tmp_path):
         process.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.to_thread(process.communicate, timeout=30)
     (line,) = [line for line in stderr.decode().splitlines() if "listening on" in line]
-    assert f"database SQLite {Path(tmp_path, 'relative.db')}" in line and upstream.url in line
+    assert f"database: SQLite {Path(tmp_path, 'relative.db')}" in line and upstream.url in line

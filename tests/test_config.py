@@ -69,3 +69,22 @@ def test_unknown_key_in_file(tmp_path):
     config.write_text("no_such_setting = 1\n")
     with pytest.raises(ConfigError, match="unknown setting 'no_such_setting'"):
         build({"config": str(config)}, environ={})
+
+
+def test_the_judge_is_off_until_asked_for_and_says_where_its_calls_go(tmp_path):
+    from proxy.config import judge_line
+
+    assert build({}, environ={}).llm_check is False
+    assert judge_line(build({}, environ={})) == "judge off"
+    assert judge_line(build({"llm_check": "true", "judge_url": "https://judge.example/v1", "judge_model": "small",
+                             "judge_api_key": "jk"}, environ={})) == \
+        "judge on: its calls go to https://judge.example/v1, model small, on LOOPWARDEN_JUDGE_API_KEY"
+    assert judge_line(build({"llm_check": "true", "upstream_api_key": "uk"}, environ={})) == (
+        "judge on: its calls go to each request's own upstream, model the request's model, on the configured "
+        "upstream key (else the client's key)")
+    # A model's policy may ask for it alone: the judge runs for those models only.
+    config = tmp_path / "judged.toml"
+    config.write_text('[models."big-*"]\nllm_check = true\n')
+    settings = build({"config": str(config)}, environ={})
+    assert settings.judge_asked() and not settings.llm_check and settings.for_model("big-1").llm_check
+    assert judge_line(settings).startswith("judge on (for the models a policy names): ")

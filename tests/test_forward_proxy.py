@@ -224,7 +224,7 @@ async def test_the_judge_goes_through_the_proxy_too(monkeypatch, forward_proxy, 
     from tests.test_judge import history, judged, verdict
 
     through(monkeypatch, forward_proxy)
-    proxy = await proxy_factory(upstream.url)
+    proxy = await proxy_factory(upstream.url, llm_check=True)
     upstream.judge = lambda body: verdict(0.2)
     upstream.script.append(Turn(content="working"))
     status, _ = await post(proxy, {"model": "agent-model", "messages": history(30)})

@@ -32,7 +32,7 @@ class Facts:
     def resume_link_issued(self, token, tenant, session_id, task):
         self.links.append((session_id, task))
 
-    def session_seen(self, tenant, session_id, message_count, model, agent=None, title=None):
+    def session_seen(self, tenant, session_id, message_count, model, agent=None, title=None, task=None):
         self.seen.append((session_id, message_count, model))
         self.named.append((agent, title))
 

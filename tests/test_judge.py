@@ -57,6 +57,13 @@ def warnings_in(body: dict) -> list[str]:
     return [m["content"] for m in body["messages"] if str(m.get("content", "")).startswith("[loopwarden]")]
 
 
+
+@pytest.fixture
+async def proxy(upstream, proxy_factory):
+    """The judge spends model calls, so it runs only when asked for: these tests ask."""
+    return await proxy_factory(upstream.url, llm_check=True)
+
+
 async def test_schedule_first_at_turn_30_then_adaptive(upstream, proxy):
     answers = [verdict(0.85), verdict(0.0), verdict(0.3)]
     upstream.judge = lambda body: answers.pop(0)
@@ -96,7 +103,7 @@ async def test_a_sure_verdict_warns_on_the_next_request(upstream, proxy):
 
 
 async def test_confirmation_below_the_threshold_is_no_loop(upstream, proxy_factory):
-    running = await proxy_factory(upstream.url, judge_confirm_model="strong-model")
+    running = await proxy_factory(upstream.url, llm_check=True, judge_confirm_model="strong-model")
     upstream.judge = lambda body: verdict(0.89 if body["model"] == "strong-model" else 0.95)
     await ask(running.url, 30)
     assert await judged(upstream, 2)
@@ -118,7 +125,7 @@ async def test_confirmation_below_the_threshold_is_no_loop(upstream, proxy_facto
     Turn(hang=True),
 ])
 async def test_a_failing_judge_never_harms_a_request(upstream, proxy_factory, answer):
-    running = await proxy_factory(upstream.url, judge_timeout=0.5)
+    running = await proxy_factory(upstream.url, llm_check=True, judge_timeout=0.5)
     upstream.judge = lambda body: answer
     elapsed, _ = await ask(running.url, 30)
     assert elapsed < 1.0
@@ -154,9 +161,9 @@ async def test_backends_without_structured_output_still_give_a_verdict(upstream,
 
 
 async def test_judge_requests_through_the_proxy_are_not_inspected(upstream, proxy_factory):
-    running = await proxy_factory(upstream.url)
+    running = await proxy_factory(upstream.url, llm_check=True)
     # A second proxy whose judge is the first proxy: its judge requests pass through it untouched.
-    outer = await proxy_factory(running.url)
+    outer = await proxy_factory(running.url, llm_check=True)
     upstream.judge = lambda body: verdict(0.2)
     await ask(outer.url, 30)
     assert await judged(upstream, 1)
@@ -233,7 +240,7 @@ def _chat_answer(content: str, usage: dict | None = None) -> bytes:
     Turn(raw_body=b"[" * 100_000 + b"]" * 100_000),  # nested past what the parser takes
 ])
 async def test_a_hostile_judge_answer_costs_nothing_and_breaks_nothing(upstream, proxy_factory, answer, caplog):
-    running = await proxy_factory(upstream.url, judge_timeout=5)
+    running = await proxy_factory(upstream.url, judge_timeout=5, llm_check=True)
     upstream.judge = lambda body: answer
     elapsed, _ = await ask(running.url, 30)
     assert elapsed < 1.0 and await judged(upstream, 1)
@@ -252,3 +259,13 @@ async def test_a_hostile_judge_answer_costs_nothing_and_breaks_nothing(upstream,
             tokens = [line for line in (await scraped.text()).splitlines()
                       if line.startswith("loopwarden_judge_tokens_total")]
     assert tokens and float(tokens[0].split()[-1]) >= 0
+
+
+async def test_the_judge_is_off_until_asked_for(upstream, proxy_factory):
+    """It spends model calls on the agent's key: with the settings as they come, a long task makes none."""
+    running = await proxy_factory(upstream.url)
+    upstream.judge = lambda body: verdict(0.95)
+    for turns in (30, 31, 45):
+        await ask(running.url, turns)
+    assert not await judged(upstream, 1, timeout=1.0)
+    assert len(upstream.chat_requests) == 3  # the agent's own requests only

@@ -300,7 +300,8 @@ def _write(path, body: dict):
 
 
 async def test_the_judge_asks_the_messages_upstream_in_its_own_dialect(upstream, proxy_factory):
-    running = await proxy_factory(upstream.url, anthropic_upstream_url=upstream.url, llm_check_after_turns=3)
+    running = await proxy_factory(upstream.url, anthropic_upstream_url=upstream.url, llm_check=True,
+                                  llm_check_after_turns=3)
     upstream.judge = lambda body: Turn(content='{"analysis": "it re-reads files without using them", '
                                               '"confidence": 0.95}')
     agent = ClaudeAgent(running.root, headers={"X-Claude-Code-Session-Id": "judged"})

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 import aiohttp
+import openai
+import pytest
 
 from tests.agent import Agent
 from tests.fake_upstream import Turn
@@ -38,6 +40,8 @@ AGENTS = [
     ("markup-1", "<b>agent<b>/1.0", {}, '<img src=x onerror="window.__pwned=1"> title', "<b>agent<b> 1.0"),
 ]
 LOOPING = "loop night/7"
+CHANTING = "release notes"  # a streamed answer chanting, cut
+SEEDED = len(AGENTS) + 2
 
 
 async def seed(upstream, proxy) -> None:
@@ -52,28 +56,37 @@ async def seed(upstream, proxy) -> None:
     looping = Agent(proxy.url, headers={"X-Loopwarden-Session": LOOPING,
                                         "User-Agent": "claude-cli/2.1.331 (external, cli)"},
                     task="Make the nightly import idempotent")
-    for _ in range(6):
+    for _ in range(7):
         upstream.script.append(Turn(tool_calls=[("read_file", {"path": "src/app.py"})]))
         await looping.turn()
         looping.answer("def main():\n    return 1\n")
+    with pytest.raises(openai.BadRequestError):  # warned twice, then stopped
+        await looping.turn()
     await looping.close()
+    chanting = Agent(proxy.url, stream=True, headers={"X-Loopwarden-Session": CHANTING},
+                     task="Draft the release notes for 2.4")
+    upstream.script.append(Turn(content="I will check the configuration file once more. " * 100, chunk_chars=8))
+    await chanting.turn()
+    await chanting.close()
     async with aiohttp.ClientSession() as http:  # the log is written in batches
         for _ in range(100):
             async with http.get(f"{proxy.root}/loopwarden/api/sessions?limit=100") as response:
                 sessions = (await response.json())["data"]
             async with http.get(f"{proxy.root}/loopwarden/api/detections?limit=100") as response:
                 detections = (await response.json())["data"]
-            if len(sessions) == len(AGENTS) + 1 and detections:
+            if len(sessions) == SEEDED and len(detections) == 4:
                 return
             await asyncio.sleep(0.05)
 
 
-def screenshot_path(suffix: str = "") -> str | None:
-    path = os.environ.get("LOOPWARDEN_SCREENSHOT")
-    if not path:
-        return None
-    chosen = Path(path)
-    return str(chosen.with_name(f"{chosen.stem}{suffix}{chosen.suffix or '.png'}"))
+# The documentation's pictures of the page are taken here, from the seeded log: `make screenshots` saves them
+# in docs/ (LOOPWARDEN_SCREENSHOTS names the folder; unset, none is taken).
+PICTURES = os.environ.get("LOOPWARDEN_SCREENSHOTS")
+
+
+async def picture(page, name: str, **options) -> None:
+    if PICTURES:
+        await page.screenshot(path=str(Path(PICTURES) / name), **options)
 
 
 async def test_sessions_show_agent_and_title_search_and_open_scrolls(upstream, proxy, browser):
@@ -95,9 +108,6 @@ async def test_sessions_show_agent_and_title_search_and_open_scrolls(upstream, p
 
     await until(scrolled, True)
     assert await page.evaluate("window.scrollY") > 200
-    shot = screenshot_path()
-    if shot:
-        await page.screenshot(path=shot)
 
     # Every session's agent and title in the list, as text.
     rows = {}
@@ -128,17 +138,20 @@ async def test_sessions_show_agent_and_title_search_and_open_scrolls(upstream, p
     await until(visible, [])
     await page.fill("#session-search", "google")  # ADK's name holds no "google"
     await until(visible, ["genai-1"])
-    assert await page.inner_text("#session-count") == f"1 of {len(AGENTS) + 1} sessions"
+    assert await page.inner_text("#session-count") == f"1 of {SEEDED} sessions"
     await page.fill("#session-search", "<img")  # markup searched as text
     await until(visible, ["markup-1"])
     await page.fill("#session-search", "")
-    await until(lambda: page.locator("#session-list tbody tr:visible").count(), len(AGENTS) + 1)
-    shot = screenshot_path("-list")
-    if shot:
-        await page.screenshot(path=shot, full_page=True)
-    await page.fill("#session-search", "ki")
-    shot = screenshot_path("-search")
-    if shot:
-        await page.screenshot(path=shot)
+    await until(lambda: page.locator("#session-list tbody tr:visible").count(), SEEDED)
+    assert await page.inner_text(f"#session-list tbody tr:has-text('{LOOPING}') td.status") == "stopped"
+    assert await page.inner_text(f"#session-list tbody tr:has-text('{CHANTING}') td.status") == "warned"  # a cut
+    await picture(page, "sessions.png", full_page=True)
+
+    # The overview of the same log.
+    await page.evaluate("window.scrollTo(0, 0)")
+    await page.click("#tabs button[data-view=overview]")
+    await page.wait_for_selector("#recent tbody tr td.evidence")
+    await page.set_viewport_size({"width": 1280, "height": 860})
+    await picture(page, "overview.png")
     watched.clean()
     await page.close()

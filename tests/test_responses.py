@@ -290,8 +290,10 @@ async def test_a_codex_run_is_warned_and_stopped_at_the_same_calls_as_a_chat_age
     assert outcomes[-3:] == ["1/2 tool_call", "2/2 tool_call", "stop"]
 
 
-async def test_the_judge_watches_responses_sessions_too(upstream, proxy):
+async def test_the_judge_watches_responses_sessions_too(upstream, proxy_factory):
     from tests.test_judge import judged, verdict
+
+    proxy = await proxy_factory(upstream.url, llm_check=True)
 
     items: list[dict] = [{"role": "user", "content": "Migrate the payment service."}]
     for i in range(31):

@@ -146,6 +146,11 @@ async def test_the_page_button_resumes_in_a_browser(upstream, proxy_factory, bro
     await page.click("text=Resume the session")
     await page.wait_for_selector("text=goes on")
     assert await page.title() == "Resumed · loopwarden" and errors == []
+    # What happens next: the agent waiting for its person, a loop warned and stopped again, the session's page.
+    said = await page.inner_text("main")
+    assert "What happens next" in said and "give it its next instruction" in said and "stopped again" in said
+    await page.click("text=Follow the session on the page")
+    await page.wait_for_selector("#detail-id:has-text('browser run')")
     await page.close()
     upstream.script.append(Turn(content="going on"))
     assert (await agent.turn())["content"] == "going on"

@@ -14,9 +14,9 @@ from tests.test_log_api import _serve
 
 
 @asynccontextmanager
-async def serving(database_url: str, upstream_url: str, log_level: str = "warning"):
+async def serving(database_url: str, upstream_url: str, log_level: str = "warning", *flags: str):
     """`loopwarden serve` as a process: (process, port); killed on the way out if still running."""
-    process, port = await _serve(database_url, upstream_url, log_level)
+    process, port = await _serve(database_url, upstream_url, log_level, *flags)
     try:
         yield process, port
     finally:
@@ -94,7 +94,7 @@ async def test_a_malformed_request_is_refused_without_a_traceback(upstream, tmp_
 
 
 async def test_serve_runs_on_uvloop_where_installed_and_on_the_standard_loop_when_asked(upstream, tmp_path):
-    """The start line names the loop; a request goes through on each."""
+    """The start line with --verbose names the loop; a request goes through on each."""
     import os
     import subprocess
     import sys
@@ -102,16 +102,17 @@ async def test_serve_runs_on_uvloop_where_installed_and_on_the_standard_loop_whe
     for choice, expected in (("auto", "uvloop"), ("asyncio", "asyncio")):
         os.environ["LOOPWARDEN_EVENT_LOOP"] = choice
         try:
-            async with serving(f"sqlite+aiosqlite:///{tmp_path}/{choice}.db", upstream.url, "info") as (process, port):
+            async with serving(f"sqlite+aiosqlite:///{tmp_path}/{choice}.db", upstream.url, "info",
+                               "--verbose") as (process, port):
                 client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-x", max_retries=0)
                 upstream.script.append(Turn(content="hello"))
                 answer = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}])
                 await client.close()
                 assert answer.choices[0].message.content == "hello"
-                start = next(line for line in (await stopped(process)).splitlines() if "listening on" in line)
+                start = next(line for line in (await stopped(process)).splitlines() if "built: " in line)
         finally:
             del os.environ["LOOPWARDEN_EVENT_LOOP"]
-        assert f", on {expected}, request path " in start, start
+        assert f"event loop {expected}, request path " in start, start
     described = subprocess.run([sys.executable, "-m", "proxy", "config"], capture_output=True, text=True,
                                env={**os.environ, "LOOPWARDEN_EVENT_LOOP": "asyncio"}).stdout
     assert "event loop: asyncio" in described
@@ -154,3 +155,25 @@ async def test_sigterm_at_any_moment_of_the_start_exits_0_without_a_traceback(tm
         await asyncio.sleep(delay)
         stderr = await stopped(process)
         assert process.returncode == 0 and "Traceback" not in stderr, (delay, stderr[-2000:])
+
+
+async def test_the_start_line_says_what_a_newcomer_needs_and_keeps_build_details_for_verbose(upstream, tmp_path):
+    """Where it listens, each upstream, the database, what it does to a loop, and that the judge is off (it spends
+    model calls, so only when asked for); how it was built only with --verbose."""
+    async with serving(f"sqlite+aiosqlite:///{tmp_path}/start.db", upstream.url, "info",
+                       "--preset", "default") as (process, port):
+        lines = (await stopped(process)).splitlines()
+    start = next(line for line in lines if "listening on" in line)
+    assert f"listening on http://127.0.0.1:{port}" in start
+    assert f"OpenAI {upstream.url}" in start and "Anthropic https://api.anthropic.com" in start
+    assert "Gemini https://generativelanguage.googleapis.com" in start
+    assert f"database: SQLite {tmp_path}/start.db" in start
+    assert "preset default: warned at the 3rd and 4th identical call, stopped at the 5th" in start
+    assert start.endswith("judge off"), start
+    assert not any("request path" in line or "compiled" in line for line in lines), lines
+
+    async with serving(f"sqlite+aiosqlite:///{tmp_path}/judged.db", upstream.url, "info", "--llm-check", "true",
+                       "--judge-model", "small-judge") as (process, port):
+        start = next(line for line in (await stopped(process)).splitlines() if "listening on" in line)
+    assert start.endswith("judge on: its calls go to each request's own upstream, model small-judge, on the "
+                          "client's key"), start

@@ -8,7 +8,7 @@ import os
 import re
 import time
 import zlib
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import aiohttp
 import orjson
@@ -20,7 +20,7 @@ from proxy.server import admin, resume
 from proxy.server import guard as guard_module
 from proxy.server.http1 import UpstreamClient, UpstreamResponse
 from proxy.server.metrics import Metrics
-from proxy.server.routing import route_the_rest, unrouted
+from proxy.server.routing import route_the_rest, unrouted as no_route
 from proxy.server.addons import Addons, Exchange, JudgeAddon, TimingAddon, TracingAddon
 from proxy.server.telemetry import Telemetry
 from proxy.inspection import Forward, Incoming, Stop, Tap, body_slot
@@ -35,8 +35,9 @@ from proxy.server.upstream import (
     upstream_headers,
 )
 from proxy.store.store import Store
-from proxy.wire import SERVED, relay_dialect, watched_alias
+from proxy.wire import SERVED, OffByV1, off_by_v1, relay_dialect, watched_alias
 from proxy.wire.dialect import Dialect, RequestError, Summary
+from proxy.wire.errors import error_body
 from proxy.wire.known import Parsed
 from proxy.wire.sse import MAX_EVENT_BYTES, WholeEvents
 
@@ -48,6 +49,7 @@ GUARD = web.AppKey("guard", guard_module.Guard)
 METRICS = web.AppKey("metrics", Metrics)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 ADDONS = web.AppKey("addons", Addons)
+BASE_URL_OFF = web.AppKey("base_url_off", dict)  # each kind of base URL mistake: when it was last logged
 
 # The most of a non-streamed answer that is read; a larger one is relayed as it comes, uninspected.
 INSPECTED_ANSWER_BYTES = MAX_EVENT_BYTES
@@ -59,10 +61,19 @@ _ERROR_CODES = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed"
                 415: "unsupported_encoding"}
 
 
-def served(metrics: Metrics, route: str, handler):
+def claimed(request: web.Request) -> Dialect:
+    """The dialect a request on a path of no dialect's own speaks: the one its headers claim, else OpenAI's."""
+    return relay_dialect(request.headers, request.rel_url.query)
+
+
+def served(metrics: Metrics, route: str, handler, speaks: Callable[[web.Request], Dialect] | None = None):
     """A route's handler, its every answer counted by route and status, and every error the proxy itself gives
-    in the OpenAI shape, never HTML or a traceback. (A wrapper made once per route rather than a middleware:
-    aiohttp runs middlewares through two coroutines more on every request.)"""
+    in the error shape of the dialect the route speaks (`speaks`; None: OpenAI's), never HTML or a traceback.
+    (A wrapper made once per route rather than a middleware: aiohttp runs middlewares through two coroutines
+    more on every request.)"""
+
+    def shape(request: web.Request):
+        return speaks(request).error_body if speaks is not None else error_body
 
     async def serve(request: web.Request) -> web.StreamResponse:
         try:
@@ -70,20 +81,22 @@ def served(metrics: Metrics, route: str, handler):
         except web.HTTPRequestEntityTooLarge:
             limit = request.app[SETTINGS].max_body_bytes
             response = json_error(413, f"request body is larger than the limit of {limit} bytes",
-                                  "invalid_request_error", "request_too_large")
+                                  "invalid_request_error", "request_too_large", shape=shape(request))
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
             allow = exc.headers.get("Allow")
             response = json_error(exc.status, exc.reason or "error", "invalid_request_error",
-                                  _ERROR_CODES.get(exc.status), headers={"Allow": allow} if allow else None)
+                                  _ERROR_CODES.get(exc.status), headers={"Allow": allow} if allow else None,
+                                  shape=shape(request))
         except UpstreamFailure as exc:
-            response = exc.response()
+            response = exc.response(shape(request))
         except (asyncio.CancelledError, ConnectionResetError):
             raise
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.path)
-            response = json_error(500, "internal proxy error", "internal_error", "internal_error")
+            response = json_error(500, "internal proxy error", "internal_error", "internal_error",
+                                  shape=shape(request))
         metrics.served(route, response.status)
         return response
 
@@ -176,7 +189,7 @@ async def _inspected(request: web.Request, exchange: Exchange, addons: Addons) -
             if addons.response:
                 _answered(exchange, addons, 200, tap.streamed_summary(dialect.tokens) if tap is not None else None)
             return response
-        return await _whole_answer(request, exchange, addons, verdict, upstream, response_headers)
+        return await _whole_answer(request, exchange, addons, verdict, upstream, response_headers, dialect)
     finally:
         upstream.release()
 
@@ -207,7 +220,7 @@ async def _parsed_body(request: web.Request, dialect: Dialect) -> Parsed | web.R
 
 
 async def _whole_answer(request: web.Request, exchange: Exchange, addons: Addons, verdict: Forward,
-                        upstream: UpstreamResponse, response_headers: dict) -> web.StreamResponse:
+                        upstream: UpstreamResponse, response_headers: dict, dialect: Dialect) -> web.StreamResponse:
     """A non-streamed answer: relayed once read (the tap given it), or, too large to inspect, as it comes."""
     tap = verdict.tap
     try:
@@ -221,7 +234,7 @@ async def _whole_answer(request: web.Request, exchange: Exchange, addons: Addons
         return await _relay_body(request, upstream, response_headers, body)
     if upstream.status != 200:
         _answered(exchange, addons, upstream.status)
-        return _upstream_error(upstream.status, body, response_headers)
+        return _upstream_error(upstream.status, body, response_headers, dialect)
     readable = _decoded(body, _encoding(upstream.headers), INSPECTED_ANSWER_BYTES)
     if readable is not None and len(readable) > INSPECTED_ANSWER_BYTES:  # compressed, and too large unpacked
         _uninspected(request, verdict, " unpacked")
@@ -231,7 +244,7 @@ async def _whole_answer(request: web.Request, exchange: Exchange, addons: Addons
             answer = orjson.loads(readable)
         except orjson.JSONDecodeError:
             return json_error(502, "upstream answered with a body that is not JSON", "upstream_error",
-                              "upstream_invalid_response")
+                              "upstream_invalid_response", shape=dialect.error_body)
         if tap is not None and tap.keeps_answer:  # a chained request may continue from it: written first
             if tap.complete(answer):
                 await request.app[GUARD].before_last_byte()
@@ -325,15 +338,15 @@ def _read_failure(exc: BaseException) -> UpstreamFailure:
     return UpstreamFailure(502, "upstream_unreachable", f"upstream connection failed mid-response: {exc}")
 
 
-def _upstream_error(status: int, body: bytes, headers) -> web.Response:
-    """Pass the upstream's error through; a body that is not JSON is wrapped in the OpenAI shape."""
+def _upstream_error(status: int, body: bytes, headers, dialect: Dialect) -> web.Response:
+    """Pass the upstream's error through; a body that is not JSON is wrapped in the dialect's error shape."""
     try:
         orjson.loads(body)
     except orjson.JSONDecodeError:
         text = body.decode("utf-8", "replace").strip()[:500] or f"upstream answered HTTP {status}"
         headers.popall("Content-Type", None)
         headers.popall("Content-Encoding", None)
-        return json_error(status, text, "upstream_error", "upstream_error", headers=headers)
+        return json_error(status, text, "upstream_error", "upstream_error", headers=headers, shape=dialect.error_body)
     return web.Response(status=status, body=body, headers=headers)
 
 
@@ -403,7 +416,7 @@ def routed(dialect: Dialect):
     async def handler(request: web.Request) -> web.StreamResponse:
         decided = dialect.route(request.method, request.match_info)
         if decided.refused is not None:
-            return json_error(400, decided.refused, "invalid_request_error", "invalid_path")
+            return json_error(400, decided.refused, "invalid_request_error", "invalid_path", shape=dialect.error_body)
         if decided.inspect:
             return await watched(request)
         return await passthrough(request, decided.relay)
@@ -415,14 +428,18 @@ async def passthrough(request: web.Request, dialect: Dialect | None = None) -> w
     """Any other /v1/ path: method, query, headers, body and status, streamed both ways; to the upstream of the
     dialect that claims the request (the Anthropic upstream when it carries `anthropic-version`)."""
     settings = request.app[SETTINGS]
+    shape = (dialect or claimed(request)).error_body
     tail = request.rel_url.raw_path.split("/", 2)[-1]
     if climbs(tail):
         return json_error(400, "the path may not leave /v1/: '.' and '..' segments, plain or encoded, are refused",
-                          "invalid_request_error", "invalid_path")
+                          "invalid_request_error", "invalid_path", shape=shape)
+    off = off_by_v1(request.rel_url.raw_path)
+    if off is not None:  # relayed as it is, the conversation would go by unwatched
+        return _base_url_off(request, off)
     canonical = watched_alias(request.rel_url.raw_path)
     if canonical is not None:  # relayed as it is, the conversation would go by unwatched
         return json_error(400, f"use the path {canonical}: another spelling of a watched path is refused",
-                          "invalid_request_error", "invalid_path")
+                          "invalid_request_error", "invalid_path", shape=shape)
     _check_length(request, settings.max_body_bytes)
     dialect = relay_dialect(request.headers, request.rel_url.query, dialect)
     headers = upstream_headers(request, settings, dialect, inspected=False)
@@ -433,6 +450,36 @@ async def passthrough(request: web.Request, dialect: Dialect | None = None) -> w
         return await _relay_body(request, upstream, client_headers(upstream))
     finally:
         upstream.release()
+
+
+async def unrouted(request: web.Request) -> web.StreamResponse:
+    """A path no route serves: a watched endpoint's without its /v1 is told how to fix the base URL; any
+    other, 404 (or 405 when a route serves the path with other methods)."""
+    off = off_by_v1(request.rel_url.raw_path)
+    if off is not None:
+        return _base_url_off(request, off)
+    return await no_route(request)
+
+
+# Told at the default level at most once a minute for each kind of mistake: a misconfigured agent sends many.
+BASE_URL_OFF_LOGGED_EVERY = 60.0
+
+
+def _base_url_off(request: web.Request, off: OffByV1) -> web.Response:
+    """404 in the dialect's shape, naming the fix; the first of each minute logged."""
+    settings = request.app[SETTINGS]
+    base = (settings.public_url or f"{request.scheme}://{request.host[:200]}").rstrip("/")  # as the client reached it
+    fix = off.dialect.base_url_fix.format(base=base)
+    message = (f"{request.path[:200]} is {off.meant} with {'one /v1 too many' if off.doubled else 'its /v1 missing'}"
+               f": the client's base URL is off, and loopwarden does not pass on a conversation it cannot watch; "
+               f"{fix}")
+    kind = (off.dialect.name, off.doubled)
+    now, logged = time.monotonic(), request.app[BASE_URL_OFF]
+    if now - logged.get(kind, -BASE_URL_OFF_LOGGED_EVERY) >= BASE_URL_OFF_LOGGED_EVERY:
+        logged[kind] = now
+        log.warning("refused %s %s (at most one such line a minute): %s", request.method, request.path[:200],
+                    message)
+    return json_error(404, message, off.dialect.not_found_type, "wrong_base_url", shape=off.dialect.error_body)
 
 
 async def _whole_body(request: web.Request, limit: int) -> bytes:
@@ -505,10 +552,12 @@ def malformed_requests_in_one_line(record: logging.LogRecord) -> bool:
 
 async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     """`Expect: 100-continue` (curl sends it for large bodies) gets its interim answer, as aiohttp's default
-    gives it; any other expectation is refused 417 in the OpenAI shape (aiohttp's default answers in text)."""
+    gives it; any other expectation is refused 417 in the shape of the dialect the request's headers claim
+    (aiohttp's default answers in text)."""
     expect = request.headers.get("Expect", "")
     if expect.lower() != "100-continue":
-        return json_error(417, f"unknown Expect: {expect[:100]}", "invalid_request_error", "expectation_failed")
+        return json_error(417, f"unknown Expect: {expect[:100]}", "invalid_request_error", "expectation_failed",
+                          shape=claimed(request).error_body)
     if request.version == aiohttp.HttpVersion11:
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # the answer itself has not started
@@ -529,6 +578,7 @@ def create_app(settings: Settings) -> web.Application:
     metrics.log_failing.set_function(store.writer.failing_for)
     metrics.watch_caches(guard.caches())
     app[SETTINGS] = settings
+    app[BASE_URL_OFF] = {}
     app[METRICS] = metrics
     app[GUARD] = guard
     app[TELEMETRY] = telemetry = Telemetry(os.environ)
@@ -544,16 +594,18 @@ def create_app(settings: Settings) -> web.Application:
         await app[TELEMETRY].close()
 
     app.cleanup_ctx.append(client_context)
-    app.router.add_routes(web.RouteDef(route.method, route.path,
-                                       served(metrics, _route_label(route.path), route.handler),
-                                       {**route.kwargs, "expect_handler": expect_continue})
-                          for route in [web.get("/healthz", healthz), web.get("/readyz", readyz),
-                                        web.get("/", healthz),  # clients probe the base URL (Claude Code: HEAD /)
-                                        web.get("/metrics", metrics_page), *admin.routes(guard, settings.admin_token),
-                                        *(resume.routes(guard) if guard.store is not None else ()),
-                                        *(web.route(route.method, route.path, (routed if route.decides else
-                                                                               inspected)(route.dialect))
-                                          for route in SERVED),
-                                        web.route("*", "/v1/{tail:.*}", passthrough)])
-    route_the_rest(app.router, served(metrics, "unmatched", unrouted), expect_continue)
+    def add(routes, speaks: Callable[[web.Request], Dialect] | None = None) -> None:
+        app.router.add_routes(web.RouteDef(route.method, route.path,
+                                           served(metrics, _route_label(route.path), route.handler, speaks),
+                                           {**route.kwargs, "expect_handler": expect_continue}) for route in routes)
+
+    add([web.get("/healthz", healthz), web.get("/readyz", readyz),
+         web.get("/", healthz),  # clients probe the base URL (Claude Code: HEAD /)
+         web.get("/metrics", metrics_page), *admin.routes(guard, settings.admin_token),
+         *(resume.routes(guard) if guard.store is not None else ())])
+    for route in SERVED:  # each dialect's own routes answer errors in its shape
+        add([web.route(route.method, route.path, (routed if route.decides else inspected)(route.dialect))],
+            lambda request, dialect=route.dialect: dialect)
+    add([web.route("*", "/v1/{tail:.*}", passthrough)], claimed)
+    route_the_rest(app.router, served(metrics, "unmatched", unrouted, claimed), expect_continue)
     return app

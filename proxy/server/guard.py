@@ -111,7 +111,7 @@ class Guard:
         self.chain = ResponseChain(store)
         self.bodies = KnownBodies()  # each long conversation's last body: the next is parsed from where it differs
         judge = Judge(settings.judge_timeout, settings.judge_concurrency) \
-            if settings.llm_check and store is not None else None
+            if settings.judge_asked() and store is not None else None
         self.inspector = Inspector(settings, store, judging=judge is not None,
                                    keep=self.chain.keep if store is not None else None, is_judge=is_judge)
         self.judges = JudgeScheduler(settings, judge, store, metrics, self.inspector.config.judge_confirm) \

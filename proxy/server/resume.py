@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import secrets
+from urllib.parse import quote
 
 from aiohttp import web
 from sqlalchemy import select
@@ -102,9 +103,16 @@ def routes(guard: Guard) -> list[web.RouteDef]:
             refused = await unusable(token)  # another use at the same moment spent it
             return refused or _page(400, "Not resumed", "<p>Open the link and use its button to resume the "
                                                         "session.</p>")
-        return _page(200, "Resumed", f"<p>Session <code>{html.escape(link['session_id'])}</code> goes on: its "
-                                     f"next request is forwarded, with its warnings counted afresh. Nothing "
-                                     f"more to do here: the agent goes on when it next asks (an agent that "
-                                     f"exited on the stop must be started again).</p>")
+        session = html.escape(link["session_id"])
+        return _page(200, "Resumed", f"<p>Session <code>{session}</code> goes on: its next request is forwarded, "
+                                     f"with its warnings counted afresh.</p><h2>What happens next</h2><ul>"
+                                     f"<li>An agent that ended its run when refused waits for you: give it its next "
+                                     f"instruction (in Claude Code, type it at the prompt), ideally naming another "
+                                     f"way to go about the task.</li>"
+                                     f"<li>An agent still running goes on with its next request by itself.</li>"
+                                     f"<li>If it falls into the same loop, it is warned again and then stopped again, "
+                                     f"with a new link.</li></ul><p><a href=\"/loopwarden/#open="
+                                     f"{html.escape(quote(link['session_id'], safe=''))}\">Follow the session on the "
+                                     f"page</a></p>")
 
     return [web.get("/loopwarden/resume/{token}", show), web.post("/loopwarden/resume/{token}", resume)]

@@ -1,4 +1,4 @@
-"""Every request answered by the application, in the OpenAI error shape: what aiohttp's router leaves out.
+"""Every request answered by the application, in a dialect's error shape: what aiohttp's router leaves out.
 
 Two things in aiohttp are relied on here, and `tests/test_routing.py` pins both: a resource's `_match` is
 asked with the request's path and answers a dict of its parts (or None); and the router's `resolve` is looked up
@@ -14,7 +14,7 @@ UNROUTED = "/{tail}"
 
 class Unrouted(web.DynamicResource):
     """`/{tail}`: every request no route takes, whatever its target, so that it too is answered by the
-    application (the OpenAI shape) and not by aiohttp's text: `OPTIONS *` and `CONNECT host:443` have no
+    application (in a dialect's error shape) and not by aiohttp's text: `OPTIONS *` and `CONNECT host:443` have no
     leading slash, which a route's pattern needs."""
 
     def __init__(self) -> None:

@@ -1,4 +1,4 @@
-"""Talking to the upstream: one shared connection pool, header hygiene, failures as OpenAI errors."""
+"""Talking to the upstream: one shared connection pool, header hygiene, failures as the client's errors."""
 
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ class UpstreamFailure(Exception):
         self.code = code
         self.message = message
 
-    def response(self) -> web.Response:
-        return json_error(self.status, self.message, "upstream_error", self.code)
+    def response(self, shape=error_body) -> web.Response:
+        """The failure as the client is answered, in its route's error shape (`shape`: a dialect's `error_body`)."""
+        return json_error(self.status, self.message, "upstream_error", self.code, shape=shape)
 
 
 def json_error(status: int, message: str, type_: str, code: str | None = None,

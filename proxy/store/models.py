@@ -74,8 +74,10 @@ class SessionRow(Base):
     model: Mapped[str | None] = mapped_column(String(256))
     agent: Mapped[str | None] = mapped_column(String(128))  # the agent and its version, as first seen
     title: Mapped[str | None] = mapped_column(String(120))  # the first prompt, masked and cut
+    task: Mapped[str | None] = mapped_column(String(32))  # the task of its latest request (its status reads it)
     disabled: Mapped[bool] = mapped_column(Boolean(), default=False)
     reset_at_message: Mapped[int] = mapped_column(Integer(), default=0)
+    reset_at: Mapped[datetime | None] = mapped_column(DateTime())  # the latest reset or resume
     controls_changed_at: Mapped[datetime | None] = mapped_column(DateTime())
 
     __table_args__ = (

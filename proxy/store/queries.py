@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import and_, func, literal_column, select, update
+from sqlalchemy import and_, case, func, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.detect.actions import Action
@@ -344,12 +344,28 @@ async def timeline(engine: AsyncEngine, where: DetectionFilter, buckets: int = 4
     return {"start": iso(start), "bucket_seconds": width, "buckets": buckets, "series": series}
 
 
+# Where a session's current task stands: 2 stopped, 1 warned (or a stream cut), none: neither since the last reset.
+_STANDING = (
+    select(func.max(case((Detection.action == Action.STOPPED.value, 2), else_=1)))
+    .where(Detection.tenant == SessionRow.tenant, Detection.session_id == SessionRow.session_id,
+           Detection.task == SessionRow.task, Detection.enforced.is_(True),
+           Detection.created_at >= func.coalesce(SessionRow.reset_at, EARLIEST))
+    .correlate(SessionRow).scalar_subquery().label("standing")
+)
+
+
+def status(disabled: bool, standing: int | None) -> str:
+    """`off` (detection disabled), `stopped` (its current task is stopped), `warned` (warned, not stopped), or
+    `ok`; what an operator's reset or a resume forgave does not count."""
+    return "off" if disabled else "stopped" if standing == 2 else "warned" if standing == 1 else "ok"
+
+
 def session_dict(row: Any, detections: int = 0) -> dict[str, Any]:
     return {
-        "session_id": row.session_id, "tenant": row.tenant, "first_seen": iso(row.first_seen),
-        "last_seen": iso(row.last_seen), "requests": row.requests, "messages": row.message_count,
-        "model": row.model, "agent": row.agent, "title": row.title, "disabled": row.disabled, "reset_at_message": row.reset_at_message,
-        "detections": detections,
+        "session_id": row.session_id, "tenant": row.tenant, "status": status(row.disabled, row.standing),
+        "first_seen": iso(row.first_seen), "last_seen": iso(row.last_seen), "requests": row.requests,
+        "messages": row.message_count, "model": row.model, "agent": row.agent, "title": row.title,
+        "disabled": row.disabled, "reset_at_message": row.reset_at_message, "detections": detections,
     }
 
 
@@ -363,7 +379,7 @@ async def list_sessions(engine: AsyncEngine, since: datetime | None = None, tena
     if tenant is not None:
         conditions.append(SessionRow.tenant == tenant)
     statement = (  # each session's detections, as counted when they were written
-        select(*SessionRow.__table__.c, func.coalesce(SessionCount.detections, 0).label("detections"))
+        select(*SessionRow.__table__.c, _STANDING, func.coalesce(SessionCount.detections, 0).label("detections"))
         .outerjoin(SessionCount, and_(SessionCount.tenant == SessionRow.tenant,
                                       SessionCount.session_id == SessionRow.session_id))
         .where(and_(True, *conditions)).order_by(SessionRow.last_seen.desc()).limit(limit)
@@ -444,7 +460,7 @@ async def resume_session(engine: AsyncEngine, session_id: str, tenant: str | Non
         for row in (await connection.execute(select(SessionRow).where(*conditions))).all():
             await connection.execute(update(SessionRow).where(
                 SessionRow.tenant == row.tenant, SessionRow.session_id == row.session_id).values(
-                reset_at_message=row.message_count, controls_changed_at=now))
+                reset_at_message=row.message_count, reset_at=now, controls_changed_at=now))
             task = (await connection.execute(
                 select(Detection.task).where(Detection.tenant == row.tenant, Detection.session_id == session_id)
                 .order_by(Detection.id.desc()).limit(1))).scalar() or ""
@@ -462,7 +478,7 @@ async def session_timeline(engine: AsyncEngine, session_id: str, tenant: str | N
     if tenant is not None:
         conditions.append(SessionRow.tenant == tenant)
     async with engine.connect() as connection:
-        sessions = (await connection.execute(select(SessionRow).where(*conditions))).all()
+        sessions = (await connection.execute(select(*SessionRow.__table__.c, _STANDING).where(*conditions))).all()
         result = []
         for session in sessions:
             detections = (await connection.execute(

@@ -160,9 +160,9 @@ class Store:
         self._checks.put((tenant, session_id), checks)
 
     def session_seen(self, tenant: str, session_id: str, message_count: int, model: str | None,
-                     agent: str | None = None, title: str | None = None) -> None:
+                     agent: str | None = None, title: str | None = None, task: str | None = None) -> None:
         self._tenants.add(tenant)
-        self.writer.session_seen(tenant, session_id, message_count, model, agent, title)
+        self.writer.session_seen(tenant, session_id, message_count, model, agent, title, task)
 
     async def tenant_known(self, tenant: str) -> bool:
         """Whether a key has sessions (on this replica, or in the log)."""
@@ -362,6 +362,7 @@ class Store:
                     # Everything the session has sent so far is forgiven: a fresh task from here.
                     count = max(row.message_count, (known_counts or {}).get(key, 0))
                     values["reset_at_message"] = count
+                    values["reset_at"] = now
                 await connection.execute(update(SessionRow).where(SessionRow.tenant == key[0],
                                                                   SessionRow.session_id == key[1]).values(**values))
                 merged = Controls(values.get("disabled", row.disabled),

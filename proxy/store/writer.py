@@ -72,6 +72,7 @@ class SessionSeen:
     model: str | None
     agent: str | None = None  # the agent that sent the session's first request seen, and its version
     title: str | None = None  # its first prompt, masked and cut
+    task: str | None = None  # the task its latest request is in (None: not read)
     at: float = 0.0  # when last seen (time.time())
     requests: int = 1
 
@@ -80,13 +81,15 @@ class SessionSeen:
         self.agent = earlier.agent or self.agent
         self.title = earlier.title or self.title
         self.model = self.model or earlier.model
+        self.task = self.task or earlier.task
         self.requests += earlier.requests
 
     def row(self) -> dict:
         at = datetime.fromtimestamp(self.at, timezone.utc).replace(tzinfo=None)
         return {"tenant": self.tenant, "session_id": self.session_id, "first_seen": at, "last_seen": at,
                 "requests": self.requests, "message_count": self.message_count, "model": self.model,
-                "agent": self.agent, "title": self.title, "disabled": False, "reset_at_message": 0}
+                "agent": self.agent, "title": self.title, "task": self.task, "disabled": False,
+                "reset_at_message": 0}
 
 
 class LogWriter:
@@ -155,6 +158,7 @@ class LogWriter:
                 # The first seen wins: another replica's later sighting never renames a session.
                 "agent": func.coalesce(SessionRow.agent, upsert.excluded.agent),
                 "title": func.coalesce(SessionRow.title, upsert.excluded.title),
+                "task": func.coalesce(upsert.excluded.task, SessionRow.task),
             },
         )
 
@@ -209,7 +213,7 @@ class LogWriter:
         self._add(Pending(RECOVERY, values))
 
     def session_seen(self, tenant: str, session_id: str, message_count: int, model: str | None,
-                     agent: str | None = None, title: str | None = None) -> None:
+                     agent: str | None = None, title: str | None = None, task: str | None = None) -> None:
         """A request of a session. Called on every request: a session already in the batch is one lookup (keyed
         by its id as the table holds it, which is the id as sent but for a rare one the cleaning changes)."""
         now = time.time()
@@ -228,6 +232,8 @@ class LogWriter:
                 seen.requests += 1
                 seen.message_count = message_count
                 seen.at = now
+                if task is not None:
+                    seen.task = task
                 if model is not None and model != seen.model:
                     seen.model = clean.column_text(SessionRow, "model", model)
                 if agent is not None and seen.agent is None:  # the first request this process saw of it

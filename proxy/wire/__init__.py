@@ -52,6 +52,28 @@ def watched_alias(raw_path: str) -> str | None:
     return canonical if canonical in ROUTES or any(dialect.watches(canonical) for dialect in DECIDING) else None
 
 
+class OffByV1(NamedTuple):
+    """A request whose path is a watched endpoint's with one `/v1` too many or too few: the client's base URL
+    is off, and relayed as it is (or answered a bare 404), its conversation would go by unwatched."""
+
+    dialect: Dialect
+    meant: str  # the watched path it was meant to be
+    doubled: bool  # one /v1 too many (else one missing)
+
+
+def off_by_v1(raw_path: str) -> OffByV1 | None:
+    """`/v1/v1/messages`, `/v1/v1/chat/completions`, `/v1/v1beta/models/...:generateContent` (a base URL that
+    already ended in /v1), or `/chat/completions`, `/responses` (an OpenAI base URL without /v1)."""
+    path = re.sub(r"/+", "/", unquote(raw_path)).rstrip("/")
+    if path.startswith("/v1/"):
+        meant = path.removeprefix("/v1")
+        dialect = ROUTES.get(meant) or next((each for each in DECIDING if each.watches(meant)), None)
+        return OffByV1(dialect, meant, True) if dialect is not None else None
+    meant = "/v1" + path
+    dialect = ROUTES.get(meant)
+    return OffByV1(dialect, meant, False) if dialect is not None and dialect.provider == "openai" else None
+
+
 def recorded_dialect(body: dict) -> Dialect | None:
     """The dialect a recorded request body is written in (for replay), if any reads it."""
     return next((dialect for dialect in RECORDED if dialect.wrote(body)), None)

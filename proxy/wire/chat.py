@@ -24,6 +24,8 @@ class OpenAIDialect(DialectDefaults):
     """What the OpenAI dialects share: the upstream, its bearer key, the error shape."""
 
     provider = "openai"
+    base_url_fix = "set the client's OpenAI base URL (OPENAI_BASE_URL, base_url) to {base}/v1, with /v1 once"
+    not_found_type = "invalid_request_error"
 
     @staticmethod
     def claims(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:

@@ -93,6 +93,9 @@ class Dialect(Protocol):
     name: str  # as detections record it (`detail.api`)
     items_key: str  # the top-level member whose list holds the conversation (`KnownBodies`)
     provider: str  # the provider family, as telemetry names it (`gen_ai.provider.name`) and the judge asks it
+    # How its clients are told the proxy's address (`{base}`: http://HOST:PORT), when their base URL is off.
+    base_url_fix: str
+    not_found_type: str  # the error type of a 404 in its shape
 
     def claims(self, headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
         """Whether a request on a relayed path belongs to this dialect's upstream."""

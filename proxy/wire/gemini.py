@@ -32,7 +32,8 @@ VERSIONS = ("v1beta", "v1")
 # User text an agent wrote, not a person (Gemini CLI's own loop notice, the proxy's warnings): it starts no task.
 _AGENT_TEXT = ("System: ", "[loopwarden] ")
 # Google's status names for the HTTP statuses the proxy answers with itself.
-_STATUS = {"loop_detected": "FAILED_PRECONDITION", "invalid_request_error": "INVALID_ARGUMENT"}
+_STATUS = {"loop_detected": "FAILED_PRECONDITION", "invalid_request_error": "INVALID_ARGUMENT",
+           "not_found_error": "NOT_FOUND"}
 
 
 def _parts(content: Any) -> list:
@@ -135,6 +136,8 @@ class GeminiDialect(DialectDefaults):
     name = "gemini"
     items_key = "contents"
     provider = "gcp.gemini"
+    base_url_fix = "set GOOGLE_GEMINI_BASE_URL={base} without a version (the client adds /v1beta itself)"
+    not_found_type = "not_found_error"
     # Its own routes, each decided per request (`route`): a model's methods under /v1beta/ or /v1/ (under
     # /v1/ only a `name:method` target, as OpenAI's /v1/models/{id} is the OpenAI upstream's), and any other
     # /v1beta/ path (the models list), relayed.

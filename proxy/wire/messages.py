@@ -116,6 +116,8 @@ class MessagesDialect(DialectDefaults):
     name = "messages"
     items_key = "messages"
     provider = "anthropic"
+    base_url_fix = "set ANTHROPIC_BASE_URL={base} without /v1 (the client adds /v1/messages itself)"
+    not_found_type = "not_found_error"
 
     @staticmethod
     def claims(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:

@@ -206,6 +206,14 @@ function drawChart(series) {
   $("legend").replaceChildren(...TYPES.map((t) => el("span", { swatch: t }, t)));
 }
 
+// A session's status, as its list row and its timeline say it.
+const STATUS = {
+  stopped: "stopped: its current task is refused until a person resumes it (the stop's link, Reset, or loopwarden resume)",
+  warned: "warned: the model was told it is looping; the next repeat warns again or stops",
+  ok: "ok: no loop in its current task",
+  off: "off: detection disabled for this session",
+};
+
 async function loadSessions() {
   const list = await api(`/loopwarden/api/sessions?since=30d&limit=200`);
   $("session-list").tBodies[0].replaceChildren(...list.data.map((s) => {
@@ -214,7 +222,7 @@ async function loadSessions() {
       el("td", { class: "title", title: s.title || "" }, s.title || ""),
       el("td", {}, time(s.last_seen)), el("td", {}, String(s.messages)),
       el("td", {}, String(s.detections)),
-      el("td", { class: s.disabled ? "state-disabled" : "" }, s.disabled ? "disabled" : "active"),
+      el("td", { class: `status status-${s.status}`, title: STATUS[s.status] || "" }, s.status),
       el("td", {}, s.model || ""));
     row.dataset.search = [s.session_id, s.agent || "", s.title || ""].join("\n").toLowerCase();
     row.addEventListener("click", () => showSession(s.session_id));
@@ -249,7 +257,7 @@ async function loadSession(id) {
   $("detail-id").textContent = session.session_id;
   $("detail-agent").textContent = `${session.agent || "unknown agent"}: ${session.title || "(no prompt seen)"}`;
   $("detail-summary").textContent = `${session.requests} requests, ${session.messages} messages, last seen ` +
-    `${time(session.last_seen)} — detection ${session.disabled ? "disabled" : "active"}`;
+    `${time(session.last_seen)} — ${STATUS[session.status] || session.status}`;
   const tasks = new Map();
   for (const entry of session.timeline) {
     if (!tasks.has(entry.task)) tasks.set(entry.task, []);
