@@ -103,4 +103,5 @@ def test_the_episode_log_records_each_episode_a_request_serves_once_with_its_tra
     assert writer.recoveries == [{"b_tenant": "tenant", "b_session_id": "s1", "b_task": "task", "b_episode": 1}]
     assert exchange.span.events == [("loopwarden.loop", {
         "loopwarden.type": "tool_call", "loopwarden.action": "warned", "loopwarden.episode": "1/2",
-        "loopwarden.evidence": '{"path":"a"}', "loopwarden.enforced": True})]
+        "loopwarden.evidence": '{"path":"a"}', "loopwarden.enforced": True,
+        "loopwarden.episode_key": row["episode_key"]})]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import openai
 import pytest
 from aiohttp import web
@@ -100,6 +101,16 @@ async def test_a_span_per_request_with_the_genai_attributes_and_an_event_per_epi
     assert all(span.events[0].name == "loopwarden.loop" for span in spans[5:])
     assert '"path":"src/app.py"' in events[0][1]["loopwarden.evidence"]
     assert attributes(spans[7])["http.response.status_code"] == 400
+    # Who reads the trace finds the detection (its id, to mark it) by the event's key.
+    async with aiohttp.ClientSession() as http:
+        for _ in range(50):
+            async with http.get(f"{running.root}/loopwarden/api/detections",
+                                params={"episode_key": events[2][1]["loopwarden.episode_key"]}) as answer:
+                found = (await answer.json())["data"]
+            if found:
+                break
+            await asyncio.sleep(0.1)
+    assert [(d["action"], d["episode"]) for d in found] == [("stopped", 3)] and isinstance(found[0]["id"], int)
     await agent.close()
 
 

@@ -86,7 +86,8 @@ def _filter(request: web.Request, tenant: str | None) -> queries.DetectionFilter
                                    type=request.query.get("type") or None,
                                    action=request.query.get("action") or None,
                                    since=queries.parse_since(request.query.get("since")),
-                                   enforced=_flag(request, "enforced"), mark=request.query.get("mark") or None)
+                                   enforced=_flag(request, "enforced"), mark=request.query.get("mark") or None,
+                                   episode_key=request.query.get("episode_key") or None)
 
 
 class AdminAPI:

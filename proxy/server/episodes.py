@@ -100,7 +100,7 @@ class EpisodeLog(Addon):
                                context.enforced, key)
         values = asdict(record)
         if exchange.span is not None:
-            Telemetry.episode(exchange.span, episode, action, context.enforced)
+            Telemetry.episode(exchange.span, episode, action, context.enforced, key)
         if self.store is not None:
             self.store.writer.add_detection(values)
             if self.capture and action in (Action.WARNED, Action.STOPPED) and exchange.raw:

@@ -72,12 +72,13 @@ class Telemetry:
                 span.set_attribute(name, value)
 
     @staticmethod
-    def episode(span, episode: Episode, action: str, enforced: bool) -> None:
-        """One event per loop episode served on this request."""
+    def episode(span, episode: Episode, action: str, enforced: bool, key: str) -> None:
+        """One event per loop episode served on this request, with the key its detection is found by (the
+        detection's id is drawn by the log later: `/loopwarden/api/detections?episode_key=...` gives it)."""
         span.add_event("loopwarden.loop", {"loopwarden.type": episode.type, "loopwarden.action": action,
                                            "loopwarden.episode": f"{episode.number}/{episode.limit}",
                                            "loopwarden.evidence": episode.evidence.gist()[:300],
-                                           "loopwarden.enforced": enforced})
+                                           "loopwarden.enforced": enforced, "loopwarden.episode_key": key})
 
     async def close(self) -> None:
         if self._provider is not None:

@@ -80,6 +80,7 @@ def detection_dict(row: Any) -> dict[str, Any]:
         "request_id": row.request_id, "tokens_saved_estimate": row.tokens_saved_estimate,
         "recovered": row.recovered, "enforced": row.enforced,
         "mark": row.mark, "marked_at": iso(row.marked_at), "mark_note": row.mark_note,
+        "episode_key": row.episode_key,
     }
 
 
@@ -96,6 +97,7 @@ class DetectionFilter:
     since: datetime | None = None
     enforced: bool | None = None  # None: both; False: observe mode's would-be episodes
     mark: str | None = None  # a person's word: loop, not_a_loop, or none (not marked)
+    episode_key: str | None = None  # the one detection a trace's event names
 
     def conditions(self) -> list:
         check_choice("type", self.type, TYPES)
@@ -116,6 +118,8 @@ class DetectionFilter:
             conditions.append(Detection.enforced.is_(self.enforced))
         if self.mark is not None:
             conditions.append(Detection.mark.is_(None) if self.mark == "none" else Detection.mark == self.mark)
+        if self.episode_key is not None:
+            conditions.append(Detection.episode_key == self.episode_key[:64])
         return conditions
 
 
