@@ -141,6 +141,45 @@ def test_the_same_search_finding_nothing_again_and_again_is_still_a_loop():
     assert [kind for kind, _ in found(conversation(user("Find bunfig.toml"), *run))] == ["tool_call"]
 
 
+
+# -- 4. an edit tool's informational output read as an error --------------------------------------------------
+
+WATCH_PROMPT = (
+    'I\'ve written your instructions in comments in the code and marked them with "ai"\n'
+    'You can see the "AI" comments shown below (marked with \u2588).\n'
+    "Find them in the code files I've shared with you, and follow their instructions.\n\n"
+    'After completing those instructions, also be sure to remove all the "AI" comments from the code too.\n\n'
+    "src/pricing.py:\n\u2502def total(items):\n\u2588    # round to cents AI!\n\u2502    return sum(i.price for i in items)\n")
+WATCH_EDITS = [("    # round to cents AI!\n    return sum(i.price for i in items)",
+                "    return round(sum(i.price for i in items), 2)"),
+               ("    # apply the discount AI!\n    return subtotal", "    return subtotal * (1 - discount)"),
+               ("    # add the tax AI!\n    return net", "    return net * (1 + TAX_RATE)"),
+               ("    # log the order AI!\n    save(order)", "    log.info('order %s', order.id)\n    save(order)")]
+
+
+def aider_edit(search: str, replace: str) -> dict:
+    return assistant("Done as the comment asks.\n\nsrc/pricing.py\n```python\n<<<<<<< SEARCH\n"
+                     f"{search}\n=======\n{replace}\n>>>>>>> REPLACE\n```")
+
+
+def test_aider_watch_modes_note_after_each_applied_edit_is_no_error():
+    run = [user(WATCH_PROMPT)]
+    for search, replace in WATCH_EDITS:
+        run += [aider_edit(search, replace), user("Applied edit to src/pricing.py\nProcessing your request...")]
+    run.append(assistant("All four AI comments are done and removed."))
+    assert found(conversation(*run)) == []
+
+
+def test_the_same_edit_failing_to_match_again_and_again_is_still_a_loop():
+    failed = ("# 1 SEARCH/REPLACE block failed to match!\n\n## SearchReplaceNoExactMatch: This SEARCH block failed "
+              "to exactly match lines in src/pricing.py\n<<<<<<< SEARCH\n    return total\n=======\n"
+              "    return round(total, 2)\n>>>>>>> REPLACE\n\nThe SEARCH section must exactly match an existing "
+              "block of lines including all white space, comments, indentation, docstrings, etc\n")
+    run = [user("Round the total to cents in src/pricing.py")]
+    for _ in range(3):
+        run += [aider_edit("    return total", "    return round(total, 2)"), user(failed)]
+    assert [kind for kind, _ in found(conversation(*run))] == ["tool_call"]
+
 # -- 5. a sandbox that refuses every command while the agent works around it ------------------------------------
 
 SANDBOX_REFUSED = "Exit code: 1\nWall time: 0 seconds\nOutput:\nbwrap: loopback: Failed RTM_NEWADDR: Operation not permitted\n"

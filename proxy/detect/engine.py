@@ -29,6 +29,7 @@ from proxy.detect.text_steps import (
     is_agent_preamble,
     is_agent_reply,
     is_observation,
+    is_progress_note,
     observation_failed,
     observation_text,
     read_actions,
@@ -393,6 +394,9 @@ def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) 
             # A text the harness answered is a step, an action or not (Cline's `[ERROR] You did not use a tool`).
             actions = actions or [TextAction("reply", mask(text)[:2000])]
             harness_repeats = not observed  # the harness's own text again (a format error): the step never ran
+            if harness_repeats and is_progress_note(answer):
+                # The harness's note that the edit went through, again: the step's result, read by its form.
+                return [text_call(action, answer) for action in actions], past
             if observed and (harness_said or not _answered_before(state, answer)):
                 answer = without_reminder(answer, system_text(messages))
                 observation, failed = observation_text(answer), observation_failed(answer)
