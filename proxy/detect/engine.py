@@ -239,18 +239,20 @@ def make_call(call: ToolCall, results: dict[str, tuple[str, bool]]) -> Call:
     return _call(call.name, canonical_arguments(call.arguments or ""), results.get(call.id))
 
 
-def _call(name: str, arguments: str, outcome: tuple[str, bool] | None, rejected: bool = False) -> Call:
+def _call(name: str, arguments: str, outcome: tuple[str, bool] | None, rejected: bool = False,
+          said: bool = False) -> Call:
     """A step, compared by meaning: the action's name and canonical arguments, and its result (masked when
-    first compared). `rejected`: the harness refused the step before running it."""
+    first compared). `rejected`: the harness refused the step before running it; `said`: the step is the model's
+    text with no action in it."""
     if outcome is None or is_unchanged_read(outcome[0]):  # unknown, or the same as the read before
-        return Call(name, arguments)
+        return Call(name, arguments, said=said)
     text, marked = outcome
     if not (marked or is_error_form(text)):
-        return Call(name, arguments, text)
+        return Call(name, arguments, text, said=said)
     masked = without_echo(mask(text), arguments)
     if is_negative_answer(masked):  # told by its first sentence: the suggestions after it change each search
-        return Call(name, arguments, text, first_sentence(masked), negative=True, rejected=rejected)
-    return Call(name, arguments, text, error_text(masked), rejected=rejected)
+        return Call(name, arguments, text, first_sentence(masked), negative=True, rejected=rejected, said=said)
+    return Call(name, arguments, text, error_text(masked), rejected=rejected, said=said)
 
 
 # A Python traceback's frame names the line it ran: code edited around the failure moves it, the failure is the same.
@@ -265,9 +267,12 @@ def error_text(masked: str) -> str:
     return masked if len(masked) <= 500 else f"{masked[:250]} … {masked[-250:]}"
 
 
-def text_call(action: TextAction, observation: str | None, marked: bool = False, rejected: bool = False) -> Call:
-    """An action written in text, and the observation that answered it (None while unknown)."""
-    return _call(action.name, action.arguments, None if observation is None else (observation, marked), rejected)
+def text_call(action: TextAction, observation: str | None, marked: bool = False, rejected: bool = False,
+              said: bool = False) -> Call:
+    """An action written in text (`said`: the model's text that holds none), and the observation that answered it
+    (None while unknown)."""
+    return _call(action.name, action.arguments, None if observation is None else (observation, marked), rejected,
+                 said)
 
 
 def _own_at(messages: list[Message], k: int) -> int:
@@ -392,18 +397,19 @@ def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) 
             if not actions and harness_said and messages[at].name:
                 return [], past  # in a group, the executor answering another agent's code: no step of this one's
             # A text the harness answered is a step, an action or not (Cline's `[ERROR] You did not use a tool`).
+            said = not actions
             actions = actions or [TextAction("reply", mask(text)[:2000])]
             harness_repeats = not observed  # the harness's own text again (a format error): the step never ran
             if harness_repeats and is_progress_note(answer):
                 # The harness's note that the edit went through, again: the step's result, read by its form.
-                return [text_call(action, answer) for action in actions], past
+                return [text_call(action, answer, said=said) for action in actions], past
             if observed and (harness_said or not _answered_before(state, answer)):
                 answer = without_reminder(answer, system_text(messages))
                 observation, failed = observation_text(answer), observation_failed(answer)
-                return [text_call(action, observation, failed) for action in actions], past
+                return [text_call(action, observation, failed, said=said) for action in actions], past
             # The harness repeating itself (a format error), or another agent giving the same answer again: what
             # it answers is the step, failed.
-            return [text_call(action, harness_form(answer), marked=True, rejected=harness_repeats)
+            return [text_call(action, harness_form(answer), marked=True, rejected=harness_repeats, said=said)
                     for action in actions], past
     return [text_call(action, inline) for action in actions or ()], j + 1
 

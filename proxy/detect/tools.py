@@ -178,16 +178,17 @@ class Call:
     name and arguments came before is. So the raw result is kept until the first comparison, or until the
     tracker settles its last calls at the end of a fold, and then dropped for its digest and excerpt."""
 
-    __slots__ = ("key", "name", "arguments", "error", "negative", "rejected", "_raw", "_result", "_excerpt")
+    __slots__ = ("key", "name", "arguments", "error", "negative", "rejected", "said", "_raw", "_result", "_excerpt")
 
     def __init__(self, name: str, arguments: str, raw_result: str | None = None, error: str | None = None,
-                 negative: bool = False, rejected: bool = False) -> None:
+                 negative: bool = False, rejected: bool = False, said: bool = False) -> None:
         self.key = f"{name}\x00{arguments}"
         self.name = name
         self.arguments = arguments  # canonical arguments
         self.error = error  # the masked error text when the result is an error
         self.negative = negative  # the error is a short answer that only says nothing was found
         self.rejected = rejected  # the harness refused the step before running it (its format error)
+        self.said = said  # the step is the model's text with no action in it, which the harness answered
         self._raw = raw_result
         self._result: bytes | None = None
         self._excerpt = ""
@@ -413,7 +414,11 @@ class ToolTracker:
         self._answers.add(result)
 
     def _new_call(self, call: Call) -> bool:
-        """Whether the call runs what no call of the task ran before; counts it, and its success."""
+        """Whether the call runs what no call of the task ran before; counts it, and its success. A step with no
+        action in it (the model's text, answered) is no call at all: never a new one."""
+        if call.said:
+            self._successes += call.succeeded
+            return False
         if call.error is None:
             self._successes += call.succeeded
             if len(self._ran) < RAN_KEPT:
