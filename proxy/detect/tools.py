@@ -156,14 +156,23 @@ def shell_target(command: str) -> str:
     return f"{program} {fallback}".rstrip()
 
 
-@functools.lru_cache(maxsize=8192)
-def call_target(name: str, arguments: str) -> str:
-    """What identifies a call as the same call again: what a shell command runs, whatever tool ran it and
-    whatever its options and working directory; else the tool and its canonical arguments."""
+# A call's target is kept as a digest; of a long one (an edit's whole file), its start, its end and its length.
+_TARGET_WHOLE = 512
+
+
+def call_target(name: str, arguments: str) -> bytes:
+    """What identifies a call as the same call again, as a digest: what a shell command runs, whatever tool ran
+    it and whatever its options and working directory; else the tool and its canonical arguments."""
     command = shell_command(name, arguments)
-    if command is None:
-        return f"{name}\x00{arguments}"
-    return "\x02" + shell_target(command)
+    target = f"{name}\x00{arguments}" if command is None else "\x02" + _shell_target(command[:_COMMAND_HEAD])
+    if len(target) > _TARGET_WHOLE:
+        target = f"{target[:256]}\x00{target[-256:]}\x00{len(target)}"
+    return digest(target)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shell_target(head: str) -> str:
+    return shell_target(head)
 
 
 # A shell tool's frame around its output (mini-swe-agent's tags, Codex CLI's header lines): no words of the error.
@@ -324,7 +333,7 @@ class ToolTracker:
         self._tool_errors: dict[tuple[str, str | None], _ToolError] = {}  # (tool, error) -> the calls it answered
         self._error_run = 0  # consecutive calls answered by one and the same error
         self._error_calls: list[Call] = []  # the last of them, for the evidence
-        self._ran: set[str] = set()  # what the task's calls ran (`call_target`)
+        self._ran: set[bytes] = set()  # what the task's calls ran (`call_target`)
         self._successes = 0  # the task's calls that succeeded
 
     def clone(self) -> "ToolTracker":
@@ -493,4 +502,4 @@ class ToolTracker:
 
     @property
     def state_size(self) -> int:
-        return len(self._errors) + len(self._tool_errors) + len(self._recent)
+        return len(self._errors) + len(self._tool_errors) + len(self._recent) + len(self._ran)
