@@ -465,9 +465,16 @@ def _tool_evidence(found: ToolFinding) -> Evidence:
         # Its start and its end: where a traceback's exception and a test run's summary are.
         error = error if len(error) <= 200 else f"{error[:80]} … {error[-115:]}"
         differed = len({c.key for c in found.calls}) > 1  # one error answering different calls
+        alike = differed and len({_numbers_aside(c.key) for c in found.calls}) == 1
         return RepeatedError(**call, error=error, calls=tuple((c.name, excerpt(c.arguments, 60))
-                                                              for c in found.calls) if differed else ())
+                                                              for c in found.calls) if differed else (), alike=alike)
     return RepeatedCall(**call, same_result=found.same_result)
+
+
+def _numbers_aside(key: str) -> str:
+    """A call's name and arguments, numbers and white space aside: calls that differ in nothing else are the same
+    call made again (a coder's `# attempt 3`, then `# attempt 4`, over the same code)."""
+    return _NUMBERS.sub("\x00", "".join(key.split()))
 
 
 def _readable(masked: str) -> str:

@@ -90,11 +90,13 @@ class RepeatedError(_Call):
                              "or take a different approach.")
     error: str = ""
     calls: tuple[tuple[str, str], ...] = ()  # the calls the error answered, when they differed: (tool, arguments)
+    alike: bool = False  # those calls differed only in numbers and white space (`# attempt 3`, then `# attempt 4`)
 
     @property
     def strength(self) -> str:
-        """The same call failing the same way is strong; different calls meeting one error are weak."""
-        return WEAK if self.calls else STRONG
+        """The same call failing the same way (numbers and white space aside) is strong; different calls meeting
+        one error are weak."""
+        return WEAK if self.calls and not self.alike else STRONG
 
     def describe(self) -> str:
         if self.calls:
@@ -110,6 +112,8 @@ class RepeatedError(_Call):
         detail = {**self._logged(), "error": self.error}
         if self.calls:
             detail["calls"] = [{"tool": tool, "arguments": arguments} for tool, arguments in self.calls]
+        if self.alike:
+            detail["alike"] = True
         return self._with_result(detail)
 
 
@@ -209,7 +213,8 @@ def from_logged(kind: str, detail: dict | None) -> Evidence | None:
                              cycle_arguments=tuple(map(str, detail.get("cycle_arguments") or ())),
                              same_result=bool(detail.get("same_result", True)))
             return RepeatedError(**common, error=str(detail["error"]),
-                                 calls=tuple((str(c["tool"]), str(c["arguments"])) for c in detail.get("calls") or ()))
+                                 calls=tuple((str(c["tool"]), str(c["arguments"])) for c in detail.get("calls") or ()),
+                                 alike=bool(detail.get("alike", False)))
         if kind == "reply":
             return RepeatedReply(str(detail["reply"]), int(detail["repeats"]))
         if kind == "content":
