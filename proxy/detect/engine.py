@@ -498,16 +498,6 @@ def reasoning_cut(text: str) -> Chant | None:
     return Chant("", int(found.group(1))) if found else None
 
 
-def choose_trip(trips: list[Evidence], previous_type: str | None, stopping: bool = False) -> Evidence:
-    """The rule an episode is named after: the one the task's previous episode named, when this message trips
-    it too (a loop warned as tool_error stops as tool_error); else the first in SPEC's order. On a rung that
-    may stop (`stopping`), weak evidence gives way to stronger evidence the same step holds."""
-    chosen = next((trip for trip in trips if trip.type == previous_type), trips[0])
-    if stopping and chosen.strength == ladder.WEAK:
-        return next((trip for trip in trips if trip.strength != ladder.WEAK), chosen)
-    return chosen
-
-
 class Turn:
     """One assistant turn being folded: text first, then tool calls, then the finding (one per step, when the
     message holds several calls)."""
@@ -833,8 +823,8 @@ def episode_of(config: DetectConfig, number: int, finding: Finding, trips: list[
                previous_type: str | None, judge_agreed: bool = False, after_stop: bool = False) -> Episode:
     """A finding as the task's episode `number`: the fold and the live stream watcher number them alike.
     `judge_agreed`: the judge found the task looping; `after_stop`: an earlier episode was the stop."""
-    judge_agreed = judge_agreed or any(trip.strength == ladder.JUDGED for trip in trips)
-    trip = choose_trip(trips, previous_type, number > config.max_warnings)
+    judge_agreed = judge_agreed or ladder.judge_agrees(trips)
+    trip = ladder.named_after(trips, previous_type, number, config.max_warnings)
     return Episode(number, config.max_warnings, trip, finding.message_index, finding.place, finding.turn,
                    finding.was_cut, finding.step, judge_agreed, after_stop)
 
