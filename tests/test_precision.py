@@ -107,11 +107,13 @@ PR = "<pr_description>\nCard.value loses precision for floats such as 0.009125.\
 
 
 def test_a_format_error_recurring_far_apart_with_work_between_is_no_loop():
+    # Each rejected message ends with a command of a kind the run has made before (reading card.py).
     run = text_run(45, {8: ("cd /testbed && grep -n '_format_float' astropy/io/fits/card.py",
                             "cd /testbed && sed -n '1290,1310p' astropy/io/fits/card.py"),
-                        23: ("cd /testbed && python reproduce.py", "cd /testbed && git diff"),
+                        23: ("cd /testbed && python reproduce.py",
+                             "cd /testbed && sed -n '1,40p' astropy/io/fits/card.py"),
                         37: ("cd /testbed && sed -n '1,20p' reproduce.py", "cd /testbed && python reproduce.py",
-                             "cd /testbed && git status")})
+                             "cd /testbed && sed -n '41,80p' astropy/io/fits/card.py")})
     assert found(conversation(user(PR), *run)) == []
 
 
@@ -132,7 +134,8 @@ def test_searches_with_new_patterns_finding_nothing_are_a_search_at_work():
     run += [step("grep", {"pattern": "preload", "include": include}, nothing) for include in ("*.toml", "*.json",
                                                                                               "*.ts", "*.md")]
     run += [step("glob", {"pattern": "**/package.json"}, "/repo/package.json\n/repo/packages/cli/package.json"),
-            step("read", {"filePath": "/repo/package.json"}, '{\n  "name": "cli",\n  "scripts": {"test": "bun test"}\n}')]
+            step("read", {"filePath": "/repo/package.json"},
+                 '{\n  "name": "cli",\n  "scripts": {"test": "bun test"}\n}')]
     assert found(conversation(user("Where is the test preload configured?"), *run)) == []
 
 
@@ -149,7 +152,8 @@ WATCH_PROMPT = (
     'You can see the "AI" comments shown below (marked with \u2588).\n'
     "Find them in the code files I've shared with you, and follow their instructions.\n\n"
     'After completing those instructions, also be sure to remove all the "AI" comments from the code too.\n\n'
-    "src/pricing.py:\n\u2502def total(items):\n\u2588    # round to cents AI!\n\u2502    return sum(i.price for i in items)\n")
+    "src/pricing.py:\n\u2502def total(items):\n\u2588    # round to cents AI!\n"
+    "\u2502    return sum(i.price for i in items)\n")
 WATCH_EDITS = [("    # round to cents AI!\n    return sum(i.price for i in items)",
                 "    return round(sum(i.price for i in items), 2)"),
                ("    # apply the discount AI!\n    return subtotal", "    return subtotal * (1 - discount)"),
@@ -182,7 +186,8 @@ def test_the_same_edit_failing_to_match_again_and_again_is_still_a_loop():
 
 # -- 5. a sandbox that refuses every command while the agent works around it ------------------------------------
 
-SANDBOX_REFUSED = "Exit code: 1\nWall time: 0 seconds\nOutput:\nbwrap: loopback: Failed RTM_NEWADDR: Operation not permitted\n"
+SANDBOX_REFUSED = ("Exit code: 1\nWall time: 0 seconds\nOutput:\n"
+                   "bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted\n")
 
 
 def shell(script: str, answer: str, escalated: bool = False) -> list[dict]:

@@ -20,8 +20,8 @@ STRONG = [("run_tests", {"path": "tests/test_calc.py"}, FAILING)] * 5
 def chat(steps):
     items = []
     for n, (name, args, result) in enumerate(steps):
-        items += [{"role": "assistant", "content": None, "tool_calls": [{"id": f"c{n}", "type": "function", "function": {
-            "name": name, "arguments": orjson.dumps(args).decode()}}]},
+        call = {"id": f"c{n}", "type": "function", "function": {"name": name, "arguments": orjson.dumps(args).decode()}}
+        items += [{"role": "assistant", "content": None, "tool_calls": [call]},
                   {"role": "tool", "tool_call_id": f"c{n}", "content": result}]
     return {"model": "m", "messages": [{"role": "system", "content": "You fix bugs."},
                                        {"role": "user", "content": "Fix the parser bug."}, *items]}
