@@ -15,8 +15,9 @@ from sqlalchemy.engine import make_url
 
 from proxy import compiled
 from proxy.config import FIELDS, SECRETS, Settings
+from proxy.detect.actions import Action
 from proxy.detect.engine import DetectConfig
-from proxy.detect.evidence import from_logged
+from proxy.detect.evidence import from_logged, strength_of
 from proxy.loops import loop_name
 from proxy.replay import read_records, replay as replay_one, summary
 from proxy.store import queries
@@ -68,8 +69,9 @@ async def _detections(engine, args, since) -> str:
     items, _ = await queries.list_detections(engine, where, args.limit)
     if args.format == "json":
         return _json(items)
-    columns = ["id", "created_at", "session_id", "model", "type", "action", "episode", "turn", "summary"]
-    rows = [{**item, "episode": _episode(item), "summary": _summary(item)} for item in items]
+    columns = ["id", "created_at", "session_id", "model", "type", "action", "episode", "strength", "turn", "summary"]
+    rows = [{**item, "episode": _episode(item), "strength": _strength(item), "summary": _summary(item)}
+            for item in items]
     if args.format == "csv":
         return _csv(columns + ["tenant", "task", "request_id", "tokens_saved_estimate", "mark", "mark_note", "detail"],
                     [{**row, "detail": orjson.dumps(row["detail"]).decode()} for row in rows])
@@ -78,10 +80,15 @@ async def _detections(engine, args, since) -> str:
 
 
 def _episode(item: dict) -> str:
-    """k/N for a warning; the stop is the episode past the last warning."""
-    if item["episode"] > item["episode_limit"]:
+    """k/N for a warning (weak evidence may warn past N), "stop" for the stop."""
+    if item.get("action") == Action.STOPPED:
         return "stop"
     return f"{item['episode']}/{item['episode_limit']}"
+
+
+def _strength(item: dict) -> str:
+    """How strong the episode's evidence is (`strong`, `weak`, `judged`)."""
+    return item.get("strength") or strength_of(item["type"], item["detail"]) or ""
 
 
 def _summary(item: dict) -> str:
@@ -174,7 +181,8 @@ def _timeline_line(entry: dict) -> str:
     if entry["kind"] == "resume":
         return "resumed by a person: the stop and warnings forgiven, its next request goes through"
     if entry["kind"] == "detection":
-        return f"{entry['action']:<7} {entry['type']:<10} {_episode(entry):<4} turn {entry['turn']}: {_summary(entry)}"
+        return (f"{entry['action']:<7} {entry['type']:<10} {_episode(entry):<4} {_strength(entry):<6} "
+                f"turn {entry['turn']}: {_summary(entry)}")
     return f"judge   turn {entry['turn']}: confidence {entry['confidence']} {entry['analysis'][:60]}"
 
 

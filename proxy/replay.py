@@ -125,7 +125,7 @@ def replay(config: DetectConfig, record: Record) -> Replayed:
 
     def log(task: str, episode: Episode, action: Action | None) -> None:
         key = (task, episode.message_index, episode.step)
-        if key in logged or action is None or episode.number > episode.limit + 1:  # nothing after the stop
+        if key in logged or action is None or episode.after_stop:  # nothing after the stop
             return
         logged.add(key)
         result.episodes.append(_entry(episode, action))

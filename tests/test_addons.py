@@ -99,7 +99,7 @@ def test_the_episode_log_records_each_episode_a_request_serves_once_with_its_tra
     assert (row["session_id"], row["type"], row["action"], row["episode"], row["request_id"]) == \
         ("s1", "tool_call", "warned", 1, "req-1")
     assert row["detail"] == {"tool": "read_file", "arguments": '{"path":"a"}', "repeats": 3, "same_result": True,
-                             "api": "chat"}
+                             "strength": "strong", "api": "chat"}
     assert writer.recoveries == [{"b_tenant": "tenant", "b_session_id": "s1", "b_task": "task", "b_episode": 1}]
     assert exchange.span.events == [("loopwarden.loop", {
         "loopwarden.type": "tool_call", "loopwarden.action": "warned", "loopwarden.episode": "1/2",

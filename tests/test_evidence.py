@@ -4,7 +4,7 @@ import pytest
 
 from proxy.commands import _summary
 from proxy.detect.evidence import (Chanting, Cycle, RepeatedCall, RepeatedError, RepeatedReply, Verdict,
-                                   from_logged)
+                                   from_logged, strength_of)
 from proxy.detect.texts import Told, stop_text, warning_text
 from proxy.server.alerts import alert_payload
 
@@ -17,6 +17,8 @@ EVIDENCE = [
     RepeatedError("bash", '{"command":"pytest -x"}', 3, None, error="1 failed",
                   calls=(("bash", '{"command":"pytest"}'), ("bash", '{"command":"pytest -x"}'))),
     RepeatedReply("Could you tell me which file?", 3),
+    RepeatedError("python", "# attempt 4", 3, None, error="KeyError: 'Weight_in_lbs'",
+                  calls=(("python", "# attempt 3"), ("python", "# attempt 4")), alike=True),
     Chanting("the same line again", 10),
     Chanting("hmm, ", 12, "reasoning"),
     Verdict(0.93, "the agent re-reads one file"),
@@ -36,7 +38,7 @@ def test_the_logged_detail_keeps_the_keys_the_api_has_always_shown():
     assert set(EVIDENCE[5].logged()) == {"tool", "arguments", "repeats", "error", "calls"}
     assert EVIDENCE[5].logged()["calls"][0] == {"tool": "bash", "arguments": '{"command":"pytest"}'}
     assert "same_result" not in EVIDENCE[2].logged() and EVIDENCE[3].logged()["same_result"] is False
-    assert EVIDENCE[8].logged() == {"repeated": "hmm, ", "occurrences": 12, "channel": "reasoning"}
+    assert EVIDENCE[9].logged() == {"repeated": "hmm, ", "occurrences": 12, "channel": "reasoning"}
 
 
 @pytest.mark.parametrize("kind, detail", [
@@ -66,5 +68,40 @@ def test_a_repeated_reply_shows_its_words_in_the_lists_and_the_alert():
                            "episode": 1, "episode_limit": 2, "turn": 4, "tokens_saved_estimate": 0,
                            "enforced": True, "created_at": __import__("datetime").datetime(2026, 1, 1)}, None)
     assert alert["evidence"] == "Could you tell me which file?" and alert["api"] == "chat"
-    assert _summary({"type": "content", "detail": EVIDENCE[8].logged()}) == '[reasoning] "hmm, "'
+    assert _summary({"type": "content", "detail": EVIDENCE[9].logged()}) == '[reasoning] "hmm, "'
     assert _summary({"type": "tool_cycle", "detail": EVIDENCE[2].logged()}) == "open → close"
+
+
+def test_each_evidence_has_the_strength_its_fields_say():
+    assert [evidence.strength for evidence in EVIDENCE] == [
+        "strong", "strong", "strong", "strong",  # the same call with the same result, a cycle
+        "strong", "weak",  # the same call failing alike; different calls meeting one error
+        "weak",  # the same reply
+        "strong",  # calls differing only in numbers, failing alike: the same call again
+        "strong", "strong", "judged"]
+    # A row logged before the strength was recorded reads the same; one that records it is taken at its word.
+    assert strength_of("tool_error", EVIDENCE[5].logged()) == "weak"
+    assert strength_of("reply", {**EVIDENCE[6].logged(), "strength": "weak"}) == "weak"
+    assert strength_of("judge", {"analysis": "a rule this version does not know"}) is None
+
+
+def test_the_strength_is_shown_by_the_alert_the_cli_and_the_api():
+    from datetime import datetime
+    from types import SimpleNamespace
+
+    from proxy.commands import _episode, _strength
+    from proxy.store.queries import detection_dict
+
+    row = {"type": "tool_error", "detail": {**EVIDENCE[5].logged(), "strength": "weak", "api": "chat"},
+           "session_id": "s", "tenant": "t", "model": "m", "action": "warned", "episode": 3, "episode_limit": 2,
+           "turn": 9, "tokens_saved_estimate": 0, "enforced": True, "created_at": datetime(2026, 1, 1)}
+    alert = alert_payload(row, None)
+    assert alert["strength"] == "weak" and "(weak evidence)" in alert["text"]
+    # A weak warning past the warnings allowed is a warning, shown as such; the stop is the stop.
+    assert (_episode(row), _strength(row)) == ("3/2", "weak")
+    assert _episode({**row, "action": "stopped", "detail": EVIDENCE[4].logged()}) == "stop"
+    assert _strength({**row, "detail": EVIDENCE[4].logged()}) == "strong"  # logged before it was recorded
+    api = detection_dict(SimpleNamespace(id=1, created_at=None, task="k", request_id=None, recovered=False,
+                                         mark=None, marked_at=None, mark_note=None, episode_key="e", **{
+        k: v for k, v in row.items() if k not in ("created_at",)}))
+    assert api["strength"] == "weak"

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from proxy import agents
-from proxy.detect import engine, normalize, text_steps
+from proxy.detect import engine, normalize, text_steps, tools
 from proxy.detect.content import ContentTracker
 from proxy.detect.engine import DetectConfig, episodes
 from tests.convo import analyze, assistant, conversation, neutral, step, user
@@ -39,9 +39,20 @@ def adversarial() -> list[str]:
     return texts
 
 
+def shell_call_target(text: str) -> bytes:
+    """What a shell call runs, its command the text: `cd`s, wrappers and options read past."""
+    return tools.call_target("bash", orjson.dumps({"command": "cd a && timeout 9 " + text}).decode())
+
+
+def text_call_target(text: str) -> bytes:
+    return tools.call_target(text.split(None, 1)[0] if text.split() else "", text)
+
+
 @pytest.mark.parametrize("read", [normalize.mask, normalize.is_error_form, normalize.canonical_arguments,
                                   normalize.excerpt, text_steps.read_actions, text_steps.observation_text,
-                                  text_steps.is_observation, text_steps.inline_observation, agents.title_of],
+                                  text_steps.is_observation, text_steps.inline_observation, agents.title_of,
+                                  text_steps.is_progress_note, tools.shell_target, tools.changes_a_file,
+                                  tools.search_words, shell_call_target, text_call_target, engine._numbers_aside],
                          ids=lambda read: read.__name__)
 def test_each_masking_and_error_form_reading_is_linear_on_long_runs(read):
     slowest = (0.0, "")

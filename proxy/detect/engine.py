@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from proxy.detect import ladder
 from proxy.detect.actions import Action
 from proxy.detect.content import Chant, ContentTracker
 from proxy.detect.evidence import (REASONING, Chanting, Cycle, Evidence, RepeatedCall, RepeatedError, RepeatedReply,
@@ -28,6 +29,7 @@ from proxy.detect.text_steps import (
     is_agent_preamble,
     is_agent_reply,
     is_observation,
+    is_progress_note,
     observation_failed,
     observation_text,
     read_actions,
@@ -35,7 +37,7 @@ from proxy.detect.text_steps import (
     trajectory,
     without_reminder,
 )
-from proxy.detect.tools import ERROR_REPEATS, Call, ToolFinding, ToolTracker, is_edit
+from proxy.detect.tools import ERROR_REPEATS, Call, ToolFinding, ToolTracker, changes_a_file, is_edit
 from proxy.conversation import (  # noqa: F401 (the prefixes are the engine's vocabulary too)
     ASSISTANT,
     CUT_NOTICE_PREFIX,
@@ -77,14 +79,16 @@ class DetectConfig:
             policies=settings.policies,
         )
 
-    def tool_rule(self, name: str, turn: int) -> tuple[bool, int, int, bool]:
+    def tool_rule(self, name: str, turn: int) -> tuple[bool, int, int, bool | None]:
         """For a tool: whether it is exempt, its thresholds for repeats and for the same error, and whether it
-        edits (by its name, or as its policy says)."""
+        edits (as its policy says; False when its name says nothing of editing; None when its name does, and
+        its arguments are to tell: `changes_a_file`)."""
         rule = self.policies.tool(name) if self.policies.tools else {}
         if name in self.whitelisted_tools or rule.get("exempt"):
             return True, 0, 0, False
         edit = rule.get("edit")
-        edit = is_edit(name) if edit is None else edit
+        if edit is None:  # by its name, then by what its arguments do (None: the caller asks them)
+            edit = None if is_edit(name) else False
         threshold = rule.get("threshold")
         if threshold is not None:
             return False, threshold, threshold, edit
@@ -126,17 +130,20 @@ class Finding:
 @dataclass(frozen=True)
 class Episode:
     number: int
-    limit: int  # MAX_WARNINGS: episodes beyond it are the stop
+    limit: int  # MAX_WARNINGS: episodes beyond it may stop the task (`ladder`)
     evidence: Evidence
     message_index: int
     place: int
     turn: int
     was_cut: bool = False
     step: int = 0
+    judge_agreed: bool = False  # the judge found this task looping, at this episode or before it
+    after_stop: bool = False  # an episode of the task was its stop before this one
 
     @property
     def is_stop(self) -> bool:
-        return self.number > self.limit
+        """The task's stop (or, in observe mode and replay, an episode past it)."""
+        return self.after_stop or ladder.stops(self.number, self.limit, self.evidence.strength, self.judge_agreed)
 
     @property
     def type(self) -> str:
@@ -144,8 +151,8 @@ class Episode:
 
     @property
     def detail(self) -> dict:
-        """The evidence as the log records it."""
-        return self.evidence.logged()
+        """The evidence as the log records it, with its strength."""
+        return {**self.evidence.logged(), "strength": self.evidence.strength}
 
 
 @dataclass
@@ -232,18 +239,20 @@ def make_call(call: ToolCall, results: dict[str, tuple[str, bool]]) -> Call:
     return _call(call.name, canonical_arguments(call.arguments or ""), results.get(call.id))
 
 
-def _call(name: str, arguments: str, outcome: tuple[str, bool] | None) -> Call:
+def _call(name: str, arguments: str, outcome: tuple[str, bool] | None, rejected: bool = False,
+          said: bool = False) -> Call:
     """A step, compared by meaning: the action's name and canonical arguments, and its result (masked when
-    first compared)."""
+    first compared). `rejected`: the harness refused the step before running it; `said`: the step is the model's
+    text with no action in it."""
     if outcome is None or is_unchanged_read(outcome[0]):  # unknown, or the same as the read before
-        return Call(name, arguments)
+        return Call(name, arguments, said=said)
     text, marked = outcome
     if not (marked or is_error_form(text)):
-        return Call(name, arguments, text)
+        return Call(name, arguments, text, said=said)
     masked = without_echo(mask(text), arguments)
     if is_negative_answer(masked):  # told by its first sentence: the suggestions after it change each search
-        return Call(name, arguments, text, first_sentence(masked), negative=True)
-    return Call(name, arguments, text, error_text(masked))
+        return Call(name, arguments, text, first_sentence(masked), negative=True, rejected=rejected, said=said)
+    return Call(name, arguments, text, error_text(masked), rejected=rejected, said=said)
 
 
 # A Python traceback's frame names the line it ran: code edited around the failure moves it, the failure is the same.
@@ -258,9 +267,12 @@ def error_text(masked: str) -> str:
     return masked if len(masked) <= 500 else f"{masked[:250]} … {masked[-250:]}"
 
 
-def text_call(action: TextAction, observation: str | None, marked: bool = False) -> Call:
-    """An action written in text, and the observation that answered it (None while unknown)."""
-    return _call(action.name, action.arguments, None if observation is None else (observation, marked))
+def text_call(action: TextAction, observation: str | None, marked: bool = False, rejected: bool = False,
+              said: bool = False) -> Call:
+    """An action written in text (`said`: the model's text that holds none), and the observation that answered it
+    (None while unknown)."""
+    return _call(action.name, action.arguments, None if observation is None else (observation, marked), rejected,
+                 said)
 
 
 def _own_at(messages: list[Message], k: int) -> int:
@@ -273,6 +285,14 @@ def _own_at(messages: list[Message], k: int) -> int:
             and is_agent_reply(messages[k + 1].text):
         return 2
     return 1
+
+
+def may_open_task(messages: Sequence[Message], k: int) -> bool:
+    """Whether the user message at k may open a task, read alone: one a person may have written, not the
+    proxy's, the agent's own note, another agent's answer or the harness's observation. (The fold and the first
+    sight of a long conversation ask the same, so both begin its task at the same message.)"""
+    message = messages[k]
+    return not (message.injected or _own_at(messages, k) or from_agent(messages, k) or is_observation(message.text))
 
 
 def _past_own(messages: list[Message], k: int) -> int:
@@ -377,14 +397,20 @@ def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) 
             if not actions and harness_said and messages[at].name:
                 return [], past  # in a group, the executor answering another agent's code: no step of this one's
             # A text the harness answered is a step, an action or not (Cline's `[ERROR] You did not use a tool`).
+            said = not actions
             actions = actions or [TextAction("reply", mask(text)[:2000])]
+            harness_repeats = not observed  # the harness's own text again (a format error): the step never ran
+            if harness_repeats and is_progress_note(answer):
+                # The harness's note that the edit went through, again: the step's result, read by its form.
+                return [text_call(action, answer, said=said) for action in actions], past
             if observed and (harness_said or not _answered_before(state, answer)):
                 answer = without_reminder(answer, system_text(messages))
                 observation, failed = observation_text(answer), observation_failed(answer)
-                return [text_call(action, observation, failed) for action in actions], past
+                return [text_call(action, observation, failed, said=said) for action in actions], past
             # The harness repeating itself (a format error), or another agent giving the same answer again: what
             # it answers is the step, failed.
-            return [text_call(action, harness_form(answer), marked=True) for action in actions], past
+            return [text_call(action, harness_form(answer), marked=True, rejected=harness_repeats, said=said)
+                    for action in actions], past
     return [text_call(action, inline) for action in actions or ()], j + 1
 
 
@@ -439,9 +465,16 @@ def _tool_evidence(found: ToolFinding) -> Evidence:
         # Its start and its end: where a traceback's exception and a test run's summary are.
         error = error if len(error) <= 200 else f"{error[:80]} … {error[-115:]}"
         differed = len({c.key for c in found.calls}) > 1  # one error answering different calls
+        alike = differed and len({_numbers_aside(c.key) for c in found.calls}) == 1
         return RepeatedError(**call, error=error, calls=tuple((c.name, excerpt(c.arguments, 60))
-                                                              for c in found.calls) if differed else ())
+                                                              for c in found.calls) if differed else (), alike=alike)
     return RepeatedCall(**call, same_result=found.same_result)
+
+
+def _numbers_aside(key: str) -> str:
+    """A call's name and arguments, numbers and white space aside: calls that differ in nothing else are the same
+    call made again (a coder's `# attempt 3`, then `# attempt 4`, over the same code)."""
+    return _NUMBERS.sub("\x00", "".join(key.split()))
 
 
 def _readable(masked: str) -> str:
@@ -463,15 +496,6 @@ def reasoning_cut(text: str) -> Chant | None:
     in the conversation a client sends on, or not reliably), so the next request carries its warning."""
     found = _REASONING_CUT.search(text) if CUT_NOTICE_PREFIX in text else None
     return Chant("", int(found.group(1))) if found else None
-
-
-def choose_trip(trips: list[Evidence], previous_type: str | None) -> Evidence:
-    """The rule an episode is named after: the one the task's previous episode named, when this message trips
-    it too (a loop warned as tool_error stops as tool_error); else the first in SPEC's order."""
-    for trip in trips:
-        if trip.type == previous_type:
-            return trip
-    return trips[0]
 
 
 class Turn:
@@ -544,6 +568,8 @@ class Turn:
         if exempt:
             self.state.tools.skip()
             return
+        if edit is None:  # named as an edit: one when it changes a file (a path and new content, or a patch)
+            edit = changes_a_file(call.arguments)
         for found in self.state.tools.add(call, threshold, error_repeats, edit):
             self.tool_found.setdefault(found.type, found)
 
@@ -602,7 +628,7 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
             if own:
                 j += own  # the agent's own preamble or note, and the reply it recorded: no task, no turn
                 continue
-            if from_agent(messages, j) or is_observation(message.text):
+            if not may_open_task(messages, j):
                 j += 1  # another agent's answer or the harness's that no step took as its result: no task
                 continue
             state = _person_text(config, state, messages, j, opening)
@@ -752,7 +778,7 @@ def _first_sight(config: DetectConfig, messages: list[Message], reset_at: int, s
         begin += 1  # a step's results belong to its call, before the window
     start = reset_at
     for j in range(begin - 1, reset_at - 1, -1):  # only the user messages are read whole
-        if role_at(messages, j) == USER and not messages[j].injected and not _own_at(messages, j):
+        if role_at(messages, j) == USER and may_open_task(messages, j):
             start = j + 1
             break
     state = _new_task(config, messages, start)
@@ -794,10 +820,13 @@ def allowed_trips(finding: Finding, plan_mode: bool) -> list[Evidence]:
 
 
 def episode_of(config: DetectConfig, number: int, finding: Finding, trips: list[Evidence],
-               previous_type: str | None) -> Episode:
-    """A finding as the task's episode `number`: the fold and the live stream watcher number them alike."""
-    return Episode(number, config.max_warnings, choose_trip(trips, previous_type), finding.message_index,
-                   finding.place, finding.turn, finding.was_cut, finding.step)
+               previous_type: str | None, judge_agreed: bool = False, after_stop: bool = False) -> Episode:
+    """A finding as the task's episode `number`: the fold and the live stream watcher number them alike.
+    `judge_agreed`: the judge found the task looping; `after_stop`: an earlier episode was the stop."""
+    judge_agreed = judge_agreed or ladder.judge_agrees(trips)
+    trip = ladder.named_after(trips, previous_type, number, config.max_warnings)
+    return Episode(number, config.max_warnings, trip, finding.message_index, finding.place, finding.turn,
+                   finding.was_cut, finding.step, judge_agreed, after_stop)
 
 
 @dataclass(frozen=True)
@@ -831,7 +860,9 @@ def episodes(config: DetectConfig, state: TaskState, *, plan_mode: bool = False,
     result: list[Episode] = []
     for number, index in enumerate(sorted(trips_at), start=1):
         finding, trips = trips_at[index]
-        result.append(episode_of(config, number, finding, trips, result[-1].type if result else None))
+        last = result[-1] if result else None
+        result.append(episode_of(config, number, finding, trips, last and last.type, bool(last and last.judge_agreed),
+                                 bool(last and last.is_stop)))
     return result
 
 
@@ -907,7 +938,7 @@ def after_warning(messages: Sequence[Message], warning: Episode) -> tuple[int, b
 def answer_action(episode: Episode) -> Action | None:
     """How an episode completed by a streamed answer is logged ("stopped" or "cut"); None past a task's
     would-be stop (observe mode, replay), after which a task logs nothing more."""
-    if episode.number > episode.limit + 1:
+    if episode.after_stop:
         return None
     return Action.STOPPED if episode.is_stop else Action.CUT
 
@@ -922,7 +953,10 @@ class ResponseWatcher:
         self.config = config
         self.plan_mode = plan_mode
         self.next_number = len(decision.episodes) + 1
-        self.previous_type = decision.episodes[-1].type if decision.episodes else None
+        last = decision.episodes[-1] if decision.episodes else None
+        self.previous_type = last.type if last else None
+        self.judge_agreed = bool(last and last.judge_agreed)
+        self.after_stop = bool(last and last.is_stop)
         self.episode: Episode | None = None
         self._state = state
         self._message_index = message_index
@@ -955,7 +989,8 @@ class ResponseWatcher:
         turn = self._turn
         finding = Finding(turn.message_index, turn.message_index + 1, turn.turn,
                           [turn.chanting()], was_cut=True)
-        self.episode = episode_of(self.config, self.next_number, finding, finding.trips, None)
+        self.episode = episode_of(self.config, self.next_number, finding, finding.trips, None, self.judge_agreed,
+                                  self.after_stop)
         return self.episode
 
     def text(self, piece: str) -> Episode | None:
@@ -995,6 +1030,7 @@ class ResponseWatcher:
         for finding in found + ([last] if last is not None else []):
             trips = allowed_trips(finding, self.plan_mode)
             if trips:
-                self.episode = episode_of(self.config, self.next_number, finding, trips, self.previous_type)
+                self.episode = episode_of(self.config, self.next_number, finding, trips, self.previous_type,
+                                          self.judge_agreed, self.after_stop)
                 return self.episode
         return None

@@ -1,11 +1,14 @@
 """What a rule found, typed, one class per rule: the sentence the model and the person are told (`describe`), what
 the warning advises (`advice`), the evidence in a few words for an alert or a trace (`gist`), one short line for
-the CLI's lists (`line`), and the log's `detail` (`logged`, read back by `from_logged`)."""
+the CLI's lists (`line`), the log's `detail` (`logged`, read back by `from_logged`), and how strong the evidence
+is (`strength`, computed from its fields, so a row logged before it was recorded reads the same)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar, Union
+
+from proxy.detect.ladder import JUDGED, STRENGTHS, STRONG, WEAK
 
 
 def _short(text: str, width: int) -> str:
@@ -42,6 +45,7 @@ class RepeatedCall(_Call):
     advice: ClassVar[str] = ("Calling it again will not change the outcome. Use what the result already told you, "
                              "or change the arguments, use another tool, or take a different approach.")
     same_result: bool = True
+    strength: ClassVar[str] = STRONG  # the same call with the same result, or an edit re-applied
 
     def describe(self) -> str:
         outcome = "and got the same result each time" if self.same_result else \
@@ -60,6 +64,7 @@ class Cycle(_Call):
     cycle: tuple[str, ...] = ()
     cycle_arguments: tuple[str, ...] = ()
     same_result: bool = True
+    strength: ClassVar[str] = STRONG
 
     def describe(self) -> str:
         arguments = self.cycle_arguments or ("",) * len(self.cycle)
@@ -85,6 +90,13 @@ class RepeatedError(_Call):
                              "or take a different approach.")
     error: str = ""
     calls: tuple[tuple[str, str], ...] = ()  # the calls the error answered, when they differed: (tool, arguments)
+    alike: bool = False  # those calls differed only in numbers and white space (`# attempt 3`, then `# attempt 4`)
+
+    @property
+    def strength(self) -> str:
+        """The same call failing the same way (numbers and white space aside) is strong; different calls meeting
+        one error are weak."""
+        return WEAK if self.calls and not self.alike else STRONG
 
     def describe(self) -> str:
         if self.calls:
@@ -100,6 +112,8 @@ class RepeatedError(_Call):
         detail = {**self._logged(), "error": self.error}
         if self.calls:
             detail["calls"] = [{"tool": tool, "arguments": arguments} for tool, arguments in self.calls]
+        if self.alike:
+            detail["alike"] = True
         return self._with_result(detail)
 
 
@@ -110,6 +124,7 @@ class RepeatedReply:
                              "task needs, or finish with your result.")
     reply: str
     repeats: int
+    strength: ClassVar[str] = WEAK  # a harness or a person may ask alike, and be answered alike
 
     def describe(self) -> str:
         return f"you gave the same reply {self.repeats} times in a row: \"{self.reply}\""
@@ -134,6 +149,7 @@ class Chanting:
     repeated: str
     occurrences: int
     channel: str | None = None  # REASONING when the chant was in the model's reasoning
+    strength: ClassVar[str] = STRONG
 
     def describe(self) -> str:
         where = "reasoning" if self.channel == REASONING else "reply"
@@ -164,6 +180,7 @@ class Verdict:
     advice: ClassVar[str] = "Step back, summarise what you have learned, and take a different approach."
     confidence: float
     analysis: str
+    strength: ClassVar[str] = JUDGED
 
     def describe(self) -> str:
         return f"a review of this task found it is no longer making progress ({self.analysis or 'no detail'})"
@@ -196,7 +213,8 @@ def from_logged(kind: str, detail: dict | None) -> Evidence | None:
                              cycle_arguments=tuple(map(str, detail.get("cycle_arguments") or ())),
                              same_result=bool(detail.get("same_result", True)))
             return RepeatedError(**common, error=str(detail["error"]),
-                                 calls=tuple((str(c["tool"]), str(c["arguments"])) for c in detail.get("calls") or ()))
+                                 calls=tuple((str(c["tool"]), str(c["arguments"])) for c in detail.get("calls") or ()),
+                                 alike=bool(detail.get("alike", False)))
         if kind == "reply":
             return RepeatedReply(str(detail["reply"]), int(detail["repeats"]))
         if kind == "content":
@@ -206,3 +224,13 @@ def from_logged(kind: str, detail: dict | None) -> Evidence | None:
     except (KeyError, TypeError, ValueError):
         return None
     return None
+
+
+def strength_of(kind: str, detail: dict | None) -> str | None:
+    """A log row's evidence strength: as recorded, or (a row logged before it was) computed from its detail;
+    None for a detail this version cannot read."""
+    recorded = (detail or {}).get("strength")
+    if recorded in STRENGTHS:
+        return recorded
+    evidence = from_logged(kind, detail)
+    return evidence.strength if evidence is not None else None

@@ -225,6 +225,20 @@ def observation_failed(text: str) -> bool:
                                                                       and "failed to match" in head)
 
 
+# What a harness prints when an edit went through or when it takes up the next request (aider's `Applied edit to
+# src/app.py`, its watch mode's `Processing your request...`): information, never a rejection of the step, however
+# often the same note comes back.
+_APPLIED = "Applied edit to "
+_PROCESSING = "Processing your request..."
+_NOTE_READ = 4000  # a note's lines are looked for this far from its start and its end
+
+
+def is_progress_note(text: str) -> bool:
+    """A harness's text that reports an edit applied or the next request taken up, not a failure."""
+    return text.rstrip().endswith(_PROCESSING) or text.startswith(_APPLIED) \
+        or f"\n{_APPLIED}" in text[:_NOTE_READ] or f"\n{_APPLIED}" in text[-_NOTE_READ:]
+
+
 def observation_text(text: str) -> str:
     """An observation without the harness's frame, which says nothing about the result."""
     head = text.lstrip()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from proxy.detect import ladder
 from proxy.detect.engine import CUT_NOTICE_PREFIX, INJECTED_PREFIX, Episode
 from proxy.detect.evidence import REASONING, Evidence
 
@@ -19,14 +20,17 @@ class Told(NamedTuple):
 
 
 def warning_text(episode: Episode | Told) -> str:
-    last = " This is the last warning: the next repeat ends the task." if episode.number == episode.limit else ""
+    strength = episode.evidence.strength
+    last = " This is the last warning: the next repeat ends the task." \
+        if ladder.last_warning(episode.number, episode.limit, strength) else ""
     return (f"{INJECTED_PREFIX}Loop detected ({episode.number}/{episode.limit}): {episode.evidence.describe()}. "
             f"{episode.evidence.advice}{last}")
 
 
 def stop_text(episode: Episode | Told, resume_link: str | None = None) -> str:
     """The stop's message, for the person running the agent: with the link that lets the session go on."""
-    warned = f"after {episode.limit} warning{'s' if episode.limit != 1 else ''}" if episode.limit else "at once"
+    given = episode.number - 1  # the limit, or more when weak evidence warned past it
+    warned = f"after {given} warning{'s' if given != 1 else ''}" if given > 0 else "at once"
     resume = f" For the person running the agent: open {resume_link} to let it go on as it was." if resume_link else ""
     return (f"{INJECTED_PREFIX}Loop detected ({episode.evidence.type}): {episode.evidence.describe()}. The task was "
             f"stopped {warned}; the request was not sent upstream. Send a new user message to start a new task.{resume}")

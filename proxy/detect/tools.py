@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass
 
-from proxy.detect.normalize import digest, mask
+import orjson
+
+from proxy.detect.normalize import argument_values, digest, mask
 
 MAX_CYCLE = 8
 # Cycles longer than this need one round fewer: 4 rounds of a 6-call cycle are 24 calls of the same thing.
@@ -39,6 +42,139 @@ def is_edit(name: str) -> bool:
     return False
 
 
+# A call changes a file when its arguments name one and carry what goes into it, or carry a patch. A word in the
+# tool's name is not enough: Codex CLI polls a running process with `write_stdin` and empty `chars`.
+_FILE_KEYS = frozenset({"path", "file_path", "filePath", "filename", "file", "target_file", "targetFile",
+                        "absolute_path", "notebook_path", "TargetFile"})
+_CONTENT_KEYS = frozenset({"content", "contents", "new_str", "new_string", "newString", "old_str", "old_string",
+                           "oldString", "file_text", "edits", "text", "code", "code_edit", "replace", "search",
+                           "replacement", "new_source", "diff", "patch", "insert_line", "lines", "ReplacementContent",
+                           "CodeContent", "CodeEdit"})
+_PATCH_MARKS = ("*** Begin Patch", "\\n@@ ", "\\n+++ ")  # a newline inside JSON text is written `\\n`
+
+
+def changes_a_file(arguments: str) -> bool:
+    """Whether a call's canonical arguments change a file: a path and new content, or a patch. Arguments that
+    are not JSON are a text agent's command or a patch written out (SWE-agent's `edit 12:14 ...`, aider's
+    blocks): an edit whenever they say anything."""
+    if arguments[:1] != "{":
+        return bool(arguments) and arguments[:1] != "["
+    if any(mark in arguments for mark in _PATCH_MARKS):
+        return True
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return True
+    if not isinstance(value, dict):
+        return False
+    keys = value.keys()
+    return not _FILE_KEYS.isdisjoint(keys) and not _CONTENT_KEYS.isdisjoint(keys)
+
+
+# -- what a call runs -------------------------------------------------------------------------------------------
+# For a shell tool "the call" is what the command runs (the program and its script or target, after any
+# `cd DIR &&`), never the tool's name nor the command's first word alone: `python solve.py` and
+# `cd /app && timeout 60 python solve.py < big.in` run the same thing, `python solve.py` and `python solve2.py`
+# do not.
+_SHELLS = frozenset({"bash", "sh", "zsh", "dash", "fish", "/bin/bash", "/bin/sh", "/bin/zsh", "/usr/bin/bash"})
+_SHELL_FLAGS = frozenset({"-c", "-lc", "-ic", "-cl", "-lic"})
+_WRAPPERS = frozenset({"time", "sudo", "nohup", "env", "exec", "command", "stdbuf", "nice", "xvfb-run"})
+_SEPARATORS = frozenset({"&&", "||", ";", "|", "&"})
+_COMMAND_HEAD = 500  # the first line is read this far: the program and its target come first
+
+
+def shell_command(name: str, arguments: str) -> str | None:
+    """The command line a shell call runs (a JSON `command` or `cmd`, a string or an argv list; a text agent's
+    command written out, named after its first word), or None for a call that is no shell's."""
+    if arguments[:1] == "{":
+        if ('"command"' not in arguments and '"cmd"' not in arguments) or is_edit(name):
+            return None  # an editor's `command` is its operation (`view`, `str_replace`), no command line
+        try:
+            value = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return None
+        command = value.get("command", value.get("cmd")) if isinstance(value, dict) else None
+        if isinstance(command, list) and command and all(isinstance(part, str) for part in command):
+            if len(command) >= 3 and command[0] in _SHELLS and command[1] in _SHELL_FLAGS:
+                return command[2]
+            return " ".join(command)
+        return command if isinstance(command, str) else None
+    head = arguments[:len(name) + 1]
+    return arguments if name and head.rstrip() == name else None
+
+
+def _token(token: str) -> str:
+    return token.strip("\"'`()")
+
+
+def _looks_like_a_file(token: str) -> bool:
+    if "/" in token:
+        return True
+    stem, dot, suffix = token.rpartition(".")
+    return bool(stem and dot and suffix[:1].isalpha())
+
+
+def shell_target(command: str) -> str:
+    """What a command line runs: its program and its script or target (the first argument that names a file,
+    else the first that is no option), after any `cd DIR &&`, variable assignments and wrappers (`timeout 60`,
+    `sudo`)."""
+    line = command.lstrip()[:_COMMAND_HEAD].split("\n", 1)[0]
+    tokens = line.split()
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token == "cd":  # `cd DIR && ...` or `cd DIR; ...`
+            j = i + 1
+            while j < len(tokens) and tokens[j] not in _SEPARATORS and not tokens[j].endswith(";"):
+                j += 1
+            if j >= len(tokens) - 1:
+                break  # only a `cd`: that is what it runs
+            i = j + 1
+        elif token in _WRAPPERS or ("=" in token and token.split("=", 1)[0].isidentifier()):
+            i += 1
+        elif token == "timeout":
+            i += 1
+            while i < len(tokens) and (tokens[i].startswith("-") or tokens[i][:1].isdigit()):
+                i += 1
+        else:
+            break
+    if i >= len(tokens):
+        return line.strip()
+    program = os.path.basename(_token(tokens[i])) or tokens[i]
+    fallback = ""
+    for token in tokens[i + 1:]:
+        if token in _SEPARATORS or token.startswith((">", "<", "2>", "|")):
+            if token in _SEPARATORS:
+                break
+            continue
+        word = _token(token)
+        if not word or word.startswith("-"):
+            continue
+        if _looks_like_a_file(word):
+            return f"{program} {word}"
+        fallback = fallback or word
+    return f"{program} {fallback}".rstrip()
+
+
+# A call's target is kept as a digest; of a long one (an edit's whole file), its start, its end and its length.
+_TARGET_WHOLE = 512
+
+
+def call_target(name: str, arguments: str) -> bytes:
+    """What identifies a call as the same call again, as a digest: what a shell command runs, whatever tool ran
+    it and whatever its options and working directory; else the tool and its canonical arguments."""
+    command = shell_command(name, arguments)
+    target = f"{name}\x00{arguments}" if command is None else "\x02" + _shell_target(command[:_COMMAND_HEAD])
+    if len(target) > _TARGET_WHOLE:
+        target = f"{target[:256]}\x00{target[-256:]}\x00{len(target)}"
+    return digest(target)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shell_target(head: str) -> str:
+    return shell_target(head)
+
+
 # A shell tool's frame around its output (mini-swe-agent's tags, Codex CLI's header lines): no words of the error.
 _FRAME = re.compile(r"</?\w+>|\b(?:process|exit(?:ed)?|with|code|status|returncode|output|chunk|id|wall|time"
                     r"|original|token|count)\b", re.IGNORECASE)
@@ -51,15 +187,17 @@ class Call:
     name and arguments came before is. So the raw result is kept until the first comparison, or until the
     tracker settles its last calls at the end of a fold, and then dropped for its digest and excerpt."""
 
-    __slots__ = ("key", "name", "arguments", "error", "negative", "_raw", "_result", "_excerpt")
+    __slots__ = ("key", "name", "arguments", "error", "negative", "rejected", "said", "_raw", "_result", "_excerpt")
 
     def __init__(self, name: str, arguments: str, raw_result: str | None = None, error: str | None = None,
-                 negative: bool = False) -> None:
+                 negative: bool = False, rejected: bool = False, said: bool = False) -> None:
         self.key = f"{name}\x00{arguments}"
         self.name = name
         self.arguments = arguments  # canonical arguments
         self.error = error  # the masked error text when the result is an error
         self.negative = negative  # the error is a short answer that only says nothing was found
+        self.rejected = rejected  # the harness refused the step before running it (its format error)
+        self.said = said  # the step is the model's text with no action in it, which the harness answered
         self._raw = raw_result
         self._result: bytes | None = None
         self._excerpt = ""
@@ -77,6 +215,11 @@ class Call:
         return self.error is not None and (self.error[:6].lower() == "usage:"
                                            or sum(c.isalpha() for c in _FRAME.sub("", self.error)) >= 16
                                            or self.negative)
+
+    @property
+    def succeeded(self) -> bool:
+        """The call ran and its result is known and no error."""
+        return self.error is None and (self._raw is not None or self._result is not None)
 
     @property
     def result(self) -> bytes | None:
@@ -122,19 +265,53 @@ def _matches_needed(threshold: int) -> tuple[int, ...]:
 
 
 class _ToolError:
-    """The calls of one tool one error answered in a task: how many, their different arguments, the last few."""
+    """The calls of one tool one error answered in a task: how many, their different arguments, the last few, how
+    many calls of the task had succeeded when it last counted one, and the words of the last searches it
+    answered that found nothing."""
 
-    __slots__ = ("count", "arguments", "calls")
+    __slots__ = ("count", "arguments", "calls", "successes", "searched")
 
     def __init__(self) -> None:
         self.count = 0
         self.arguments: set[str] = set()
         self.calls: list[Call] = []
+        self.successes = 0
+        self.searched: list[frozenset[str]] = []
 
     def copy(self) -> "_ToolError":
         other = _ToolError()
         other.count, other.arguments, other.calls = self.count, set(self.arguments), self.calls[:]
+        other.successes, other.searched = self.successes, self.searched[:]
         return other
+
+
+# A search finding nothing is told apart from the searches before it by its words (numbers aside): one that shares
+# at least half of its words with one of them (`famous bhavageete by Arun Date`, then `... in India`), or differs
+# from it only in numbers (`click` on element 1260, then 1261), is the same search said again; one that does not
+# (`**/bunfig.toml`, then `**/tsconfig*.json`) is a new search.
+_WORD = re.compile(r"[a-z0-9]+")
+_SEARCH_WORDS = 300  # the characters of a call's arguments read for its words
+SAME_SEARCH = 0.5
+SEARCHES_KEPT = 8
+
+
+def search_words(arguments: str) -> frozenset[str]:
+    """The words a call's argument values hold (keys and numbers aside), in lower case."""
+    text = " ".join(argument_values(arguments))[:_SEARCH_WORDS].lower()
+    return frozenset(word for word in _WORD.findall(text) if not word.isdigit())
+
+
+def _reworded(words: frozenset[str], before: "list[frozenset[str]]") -> bool:
+    """Whether a search says again, in other words or other numbers, one of the searches before it."""
+    return any(len(words & other) >= SAME_SEARCH * len(words | other) for other in before)
+
+
+# A harness's format error answering steps this many successful calls apart recurs far apart: the agent recovered
+# each time. Closer together it counts.
+FAR_APART = 10
+# The calls a task ran, kept to tell a new call from one run before; past this many, every call counts as run
+# before (the stricter reading).
+RAN_KEPT = 4096
 
 
 class ToolTracker:
@@ -142,7 +319,7 @@ class ToolTracker:
     calls, for one task. Constant memory but the error table."""
 
     __slots__ = ("_recent", "_runs", "_blind_runs", "_answers", "_errors", "_tool_errors", "_error_run",
-                 "_error_calls")
+                 "_error_calls", "_ran", "_successes")
 
     def __init__(self) -> None:
         self._recent: list[Call | None] = []  # last MAX_CYCLE calls; None is a call never counted
@@ -156,6 +333,8 @@ class ToolTracker:
         self._tool_errors: dict[tuple[str, str | None], _ToolError] = {}  # (tool, error) -> the calls it answered
         self._error_run = 0  # consecutive calls answered by one and the same error
         self._error_calls: list[Call] = []  # the last of them, for the evidence
+        self._ran: set[bytes] = set()  # what the task's calls ran (`call_target`)
+        self._successes = 0  # the task's calls that succeeded
 
     def clone(self) -> "ToolTracker":
         other = ToolTracker.__new__(ToolTracker)
@@ -167,6 +346,8 @@ class ToolTracker:
         other._tool_errors = {key: seen.copy() for key, seen in self._tool_errors.items()}
         other._error_run = self._error_run
         other._error_calls = self._error_calls[:]
+        other._ran = set(self._ran)
+        other._successes = self._successes
         return other
 
     def skip(self) -> None:
@@ -192,6 +373,7 @@ class ToolTracker:
             runs[k] = runs[k] + 1 if same_key and _same(call, before) else 0
         self._repeated_answer(call, recent[-1] if recent else None, streak)
         self._recent = (recent + [call])[-MAX_CYCLE:]
+        new = self._new_call(call)
 
         found: list[ToolFinding] = []
         needed = _matches_needed(threshold)
@@ -218,8 +400,8 @@ class ToolTracker:
             if count >= error_repeats:
                 found.append(ToolFinding("tool_error", (call,), count))
             else:
-                found.extend(self._tool_error(call, max(error_repeats, threshold)))
-        found.extend(self._same_error(call, error_repeats))
+                found.extend(self._tool_error(call, max(error_repeats, threshold), new))
+        found.extend(self._same_error(call, error_repeats, new))
         for finding in found:  # the evidence outlives the fold
             for counted in finding.calls:
                 counted._settle()
@@ -240,7 +422,26 @@ class ToolTracker:
             self._runs[1] = streak + 1
         self._answers.add(result)
 
-    def _tool_error(self, call: Call, error_repeats: int) -> list[ToolFinding]:
+    def _new_call(self, call: Call) -> bool:
+        """Whether the call runs what no call of the task ran before; counts it, and its success. A step with no
+        action in it (the model's text, answered) is no call at all: never a new one."""
+        if call.said:
+            self._successes += call.succeeded
+            return False
+        if call.error is None:
+            self._successes += call.succeeded
+            if len(self._ran) < RAN_KEPT:
+                self._ran.add(call_target(call.name, call.arguments))
+            return False  # asked of failed calls only
+        target = call_target(call.name, call.arguments)
+        if target in self._ran:
+            return False
+        if len(self._ran) < RAN_KEPT:
+            self._ran.add(target)
+            return True
+        return False
+
+    def _tool_error(self, call: Call, error_repeats: int, new: bool = False) -> list[ToolFinding]:
         """The same error answering `error_repeats` calls of one tool in the task (the ladder's threshold at
         least), not all of them the same call (that is the rule above's), other calls between them or not: a
         shell's commands that differ failing alike, a lookup echoing each new argument in the same failure. An
@@ -250,8 +451,20 @@ class ToolTracker:
             return []
         if len(call.error or "") > WHOLE_ERROR:  # told by its start and end only: a page with an error line on it
             return []
-        needed = _different_calls_needed(call, error_repeats)
         seen = self._tool_errors.setdefault((call.name, call.error), _ToolError())
+        if call.negative:
+            words = search_words(call.arguments)
+            reworded = _reworded(words, seen.searched)
+            seen.searched = (seen.searched + [words])[-SEARCHES_KEPT:]
+            if seen.count and new and not reworded:
+                return []  # a new search finding nothing, not one said again in other words: the search at work
+        since = self._successes - seen.successes  # the calls that succeeded since this error last counted
+        if seen.count and ((new and since) or (call.rejected and since >= FAR_APART)):
+            # Exploration: a call the task never made (a new script the timeout kills, a new command a sandbox
+            # refuses) after work that succeeded; a step the harness refused (its format error) far apart.
+            return []
+        needed = _different_calls_needed(call, error_repeats)
+        seen.successes = self._successes
         seen.count += 1
         seen.arguments.add(call.arguments)
         seen.calls = (seen.calls + [call])[-needed:]
@@ -259,16 +472,20 @@ class ToolTracker:
             return []
         return [ToolFinding("tool_error", tuple(seen.calls), seen.count)]
 
-    def _same_error(self, call: Call, error_repeats: int) -> list[ToolFinding]:
+    def _same_error(self, call: Call, error_repeats: int, new: bool = False) -> list[ToolFinding]:
         """The same error answering `error_repeats` consecutive calls, whatever the calls (a harness repeating
         its format error, a tool that does not exist, near-identical edits rejected alike). Identical calls
-        alone are the rule above's; an error that says nothing but its exit code is no evidence of one cause."""
+        alone are the rule above's; an error that says nothing but its exit code is no evidence of one cause,
+        and new searches each finding nothing are a search at work."""
         calls = self._error_calls
         if not call.says_something:
             if calls:
                 self._error_run, self._error_calls = 0, []
             return []
-        if calls and calls[-1].error != call.error:
+        if calls and (calls[-1].error != call.error or (
+                new and call.negative and not _reworded(search_words(call.arguments),
+                                                        [search_words(c.arguments) for c in calls]))):
+            # Another error; or a new search finding nothing, not one said again in other words: a run anew.
             self._error_run, calls = 0, []
         self._error_run += 1
         needed = _different_calls_needed(call, error_repeats)
@@ -285,4 +502,4 @@ class ToolTracker:
 
     @property
     def state_size(self) -> int:
-        return len(self._errors) + len(self._tool_errors) + len(self._recent)
+        return len(self._errors) + len(self._tool_errors) + len(self._recent) + len(self._ran)

@@ -12,7 +12,7 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
-from proxy.detect.evidence import from_logged
+from proxy.detect.evidence import from_logged, strength_of
 from proxy.detect.actions import Action
 
 log = logging.getLogger("loopwarden.alerts")
@@ -37,6 +37,7 @@ def alert_payload(record: dict, public_url: str | None, resume_url: str | None =
     what = f"`{tool}`" if tool else record["type"]
     link = f"{public_url.rstrip('/')}/loopwarden/#open={quote(record['session_id'], safe='')}" if public_url else None
     episode = f"{record['episode']}/{record['episode_limit']}"
+    strength = strength_of(record["type"], detail)
     observed = "" if record["enforced"] else " (observe mode: nothing changed)"
     # Slack reads `<...>` as markup (`<!here>` pings a channel, `<url|text>` is a link): a client's words are
     # escaped, as Slack asks, so they show as typed.
@@ -45,12 +46,13 @@ def alert_payload(record: dict, public_url: str | None, resume_url: str | None =
     numbered = f"detection {detection}, " if detection is not None else ""
     text = (f"loopwarden {record['action']} a {record['type']} loop ({_slack(what)}, {numbered}episode {episode}, "
             f"turn {record['turn']}) in session {_slack(record['session_id'])}{observed}"
-            + (f": {_slack(evidence)}" if evidence else "") + (f" — {link}" if link else "")
+            + (f": {_slack(evidence)}" if evidence else "") + (f" ({strength} evidence)" if strength else "")
+            + (f" — {link}" if link else "")
             + (f" — to let it go on: {resume_url}" if resume_url else ""))
     return {"event": f"loop.{record['action']}", "detection_id": detection, "session_id": record["session_id"],
             "tenant": record["tenant"],
             "model": record["model"], "type": record["type"], "action": record["action"], "episode": episode,
-            "turn": record["turn"], "evidence": evidence, "api": detail.get("api"),
+            "turn": record["turn"], "evidence": evidence, "strength": strength, "api": detail.get("api"),
             "tokens_saved_estimate": record["tokens_saved_estimate"], "enforced": record["enforced"],
             "created_at": record["created_at"].isoformat(), "url": link, "resume_url": resume_url, "text": text}
 

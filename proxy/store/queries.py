@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.detect.actions import Action
 from proxy.detect.engine import TYPES
-from proxy.detect.evidence import Chanting, from_logged
+from proxy.detect.evidence import Chanting, from_logged, strength_of
 from proxy.detect.texts import Told, cut_notice, stop_text, warning_text
 from proxy.store import clean, rollup
 from proxy.store.models import (CapturedRequest, CountBucket, Detection, JudgeCheckRow, OutcomeBucket, ResumeLink, SessionCount,
@@ -78,7 +78,7 @@ def detection_dict(row: Any) -> dict[str, Any]:
         "task": row.task, "model": row.model, "type": row.type, "action": row.action,
         "episode": row.episode, "episode_limit": row.episode_limit, "turn": row.turn, "detail": row.detail,
         "request_id": row.request_id, "tokens_saved_estimate": row.tokens_saved_estimate,
-        "recovered": row.recovered, "enforced": row.enforced,
+        "recovered": row.recovered, "enforced": row.enforced, "strength": strength_of(row.type, row.detail),
         "mark": row.mark, "marked_at": iso(row.marked_at), "mark_note": row.mark_note,
         "episode_key": row.episode_key,
     }

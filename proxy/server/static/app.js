@@ -51,7 +51,9 @@ function askForToken(message) {
 
 function time(iso) { return iso ? new Date(iso).toLocaleString() : ""; }
 
-function episodeLabel(d) { return d.episode > d.episode_limit ? "stop" : `${d.episode}/${d.episode_limit}`; }
+function episodeLabel(d) { return d.action === "stopped" ? "stop" : `${d.episode}/${d.episode_limit}`; }
+// How strong the evidence was: strong evidence may stop a task, weak evidence only warns, judged is the judge's.
+function strengthLabel(d) { return d.strength || (d.detail && d.detail.strength) || ""; }
 
 function evidence(detail) {
   return describe(detail || {}).replaceAll("\u0000", "…");  // a masked run, in rows logged before it was shown so
@@ -153,12 +155,13 @@ async function loadOverview() {
       el("td", {}, time(d.created_at)), el("td", {}, d.session_id), el("td", {}, d.model || ""),
       el("td", {}, el("span", { class: "badge", swatch: d.type }, d.type)),
       el("td", {}, d.action + (d.enforced === false ? " (observed)" : "")), el("td", {}, episodeLabel(d)),
+      el("td", {}, strengthLabel(d)),
       el("td", { class: "evidence", title: evidence(d.detail) }, evidence(d.detail)), markButtons(d));
     row.addEventListener("click", () => showSession(d.session_id));
     return row;
   }));
   if (!recent.data.length) {
-    $("recent").tBodies[0].replaceChildren(el("tr", {}, el("td", { colSpan: 8, class: "muted" }, "no detections")));
+    $("recent").tBodies[0].replaceChildren(el("tr", {}, el("td", { colSpan: 9, class: "muted" }, "no detections")));
   }
 }
 
@@ -289,7 +292,7 @@ function timelineEntry(entry) {
   }
   return el("div", { class: "entry detection", swatch: entry.type },
     el("div", { class: "head" }, `${entry.action}${entry.enforced === false ? " (observed)" : ""} · ${entry.type} · ` +
-       `${episodeLabel(entry)} · turn ${entry.turn}`),
+       `${episodeLabel(entry)} · ${strengthLabel(entry) ? `${strengthLabel(entry)} evidence · ` : ""}turn ${entry.turn}`),
     el("div", { class: "muted" }, time(entry.at)),
     el("pre", { class: "evidence" }, evidence(entry.detail)),
     el("pre", { class: "message" }, entry.message || ""));

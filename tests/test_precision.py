@@ -1,0 +1,289 @@
+"""Healthy runs that look like loops at first glance, and the loops next to them that must still be found.
+
+Each healthy shape is written from what coding agents' harnesses answer (a shell's timeout message, a harness's
+format error, a search finding nothing, a sandbox refusing a command, a poll of a running process); next to it,
+the loop of the same look that stays a loop."""
+
+from __future__ import annotations
+
+from proxy.detect.engine import DetectConfig, episodes
+from tests.convo import analyze, assistant, conversation, step, user
+
+LADDER = DetectConfig()  # the default ladder: threshold 3, two warnings, then the stop
+
+
+def found(messages, config=LADDER):
+    state, _ = analyze(config, messages)
+    return [(e.type, e.is_stop) for e in episodes(config, state)]
+
+
+# -- 1. a shell tool whose new commands each time out -----------------------------------------------------------
+
+def timed_out(command: str, output: str = "") -> str:
+    """mini-swe-agent's answer to a command its timeout killed (the command echoed in it)."""
+    return (f"The last command <command>{command}</command> timed out and has been killed.\n"
+            f"The output of the command was:\n<output>\n{output}</output>\n"
+            "Please try another command and make sure to avoid those requiring interactive input.")
+
+
+def ran(output: str, code: int = 0) -> str:
+    return f"<returncode>{code}</returncode>\n<output>\n{output}</output>"
+
+
+def bash(command: str, answer: str) -> list[dict]:
+    return step("bash", {"command": command}, answer)
+
+
+SOLVERS = [
+    ("solve.py", "def solve(n):\n    return search(n, depth=0)\n"),
+    ("solve_memo.py", "from functools import lru_cache\n@lru_cache(None)\ndef solve(n): ...\n"),
+    ("solve_dp.py", "dp = [0] * (N + 1)\nfor i in range(1, N + 1): ...\n"),
+    ("bench_eval.py", "for case in load_cases('cases/'):\n    check(case)\n"),
+    ("solve_bfs.py", "from collections import deque\nqueue = deque([start])\n"),
+]
+
+
+def test_new_scripts_each_killed_by_the_timeout_with_work_between_are_exploration():
+    run = [bash("ls", ran("README.md\ncases\nproblem.txt\n")), bash("cat problem.txt", ran("Count the paths...\n"))]
+    for script, source in SOLVERS:
+        run += [bash(f"cat > {script} <<'EOF'\n{source}EOF", ran("")),
+                bash(f"cd /app && python {script} < cases/big.in", timed_out(f"cd /app && python {script} "
+                                                                             "< cases/big.in"))]
+    run += [bash("python solve_bfs.py --limit 1000 < cases/small.in", ran("42\n"))]
+    assert found(conversation(user("Solve the task in problem.txt; print the answer."), *run)) == []
+
+
+def test_the_same_script_timing_out_again_after_edits_is_still_a_loop():
+    run = []
+    for i in range(3):
+        run += [bash(f"sed -i 's/depth={i}/depth={i + 1}/' solve.py", ran("")),
+                bash("python solve.py < cases/big.in", timed_out("python solve.py < cases/big.in"))]
+    assert found(conversation(user("Solve the task in problem.txt."), *run)) == [("tool_error", False)]
+
+
+# -- 2. a harness's format error recurring far apart ------------------------------------------------------------
+
+FORMAT_ERROR = """Please always provide EXACTLY ONE action in triple backticks, found {} actions.
+
+Please format your action in triple backticks as shown in <response_example>.
+
+<response_example>
+Here are some thoughts about why you want to perform the action.
+
+```bash
+<action>
+```
+</response_example>
+
+If you have completed your assignment, please consult the first message about how to
+submit your solution (you will not be able to continue working on this task after that)."""
+
+
+def acted(thought: str, *commands: str) -> dict:
+    """mini-swe-agent's model, acting in text: a thought and its fenced command(s)."""
+    return assistant(f"THOUGHT: {thought}\n\n" + "\n\n".join(f"```bash\n{c}\n```" for c in commands))
+
+
+def observed(output: str, code: int = 0) -> dict:
+    return user(f"<returncode>{code}</returncode>\n<output>\n{output}</output>")
+
+
+def text_run(steps: int, rejected_at: dict[int, tuple[str, ...]]) -> list[dict]:
+    """A mini-swe-agent run in text: `steps` commands that work, and at the given steps a message with several
+    commands, which the harness rejects before the model sends one."""
+    run: list[dict] = []
+    for n in range(steps):
+        if n in rejected_at:
+            commands = rejected_at[n]
+            run += [acted("Let me look at both places at once.", *commands),
+                    user(FORMAT_ERROR.format(len(commands)))]
+        run += [acted(f"Step {n}: read the next part of the module.", f"cd /testbed && sed -n '{n * 40 + 1},"
+                                                                         f"{n * 40 + 40}p' astropy/io/fits/card.py"),
+                observed("".join(f"    line {n * 40 + k} of card.py\n" for k in range(1, 6)))]
+    return run
+
+
+PR = "<pr_description>\nCard.value loses precision for floats such as 0.009125.\n</pr_description>"
+
+
+def test_a_format_error_recurring_far_apart_with_work_between_is_no_loop():
+    # Each rejected message ends with a command of a kind the run has made before (reading card.py).
+    run = text_run(45, {8: ("cd /testbed && grep -n '_format_float' astropy/io/fits/card.py",
+                            "cd /testbed && sed -n '1290,1310p' astropy/io/fits/card.py"),
+                        23: ("cd /testbed && python reproduce.py",
+                             "cd /testbed && sed -n '1,40p' astropy/io/fits/card.py"),
+                        37: ("cd /testbed && sed -n '1,20p' reproduce.py", "cd /testbed && python reproduce.py",
+                             "cd /testbed && sed -n '41,80p' astropy/io/fits/card.py")})
+    assert found(conversation(user(PR), *run)) == []
+
+
+def test_a_format_error_answering_steps_close_together_is_still_a_loop():
+    rejected = {n: ("cd /testbed && python reproduce.py", f"cd /testbed && sed -n '{n},{n + 9}p' card.py")
+                for n in (5, 6, 7)}
+    run = text_run(6, {5: rejected[5]}) + [
+        turn for n in (6, 7) for turn in (acted("Both again.", *rejected[n]), user(FORMAT_ERROR.format(2)))]
+    assert [kind for kind, _ in found(conversation(user(PR), *run))] == ["tool_error"]
+
+
+# -- 3. searches with a new pattern each time, finding nothing --------------------------------------------------
+
+def test_searches_with_new_patterns_finding_nothing_are_a_search_at_work():
+    nothing = "No files found"
+    run = [step("glob", {"pattern": pattern}, nothing) for pattern in (
+        "**/bunfig.toml", "**/tsconfig*.json", "**/*.{yml,yaml}", "**/vitest.config.*", "**/.env*")]
+    run += [step("grep", {"pattern": "preload", "include": include}, nothing) for include in ("*.toml", "*.json",
+                                                                                              "*.ts", "*.md")]
+    run += [step("glob", {"pattern": "**/package.json"}, "/repo/package.json\n/repo/packages/cli/package.json"),
+            step("read", {"filePath": "/repo/package.json"},
+                 '{\n  "name": "cli",\n  "scripts": {"test": "bun test"}\n}')]
+    assert found(conversation(user("Where is the test preload configured?"), *run)) == []
+
+
+def test_the_same_search_finding_nothing_again_and_again_is_still_a_loop():
+    run = [step("glob", {"pattern": "**/bunfig.toml"}, "No files found") for _ in range(3)]
+    assert [kind for kind, _ in found(conversation(user("Find bunfig.toml"), *run))] == ["tool_call"]
+
+
+
+# -- 4. an edit tool's informational output read as an error --------------------------------------------------
+
+WATCH_PROMPT = (
+    'I\'ve written your instructions in comments in the code and marked them with "ai"\n'
+    'You can see the "AI" comments shown below (marked with \u2588).\n'
+    "Find them in the code files I've shared with you, and follow their instructions.\n\n"
+    'After completing those instructions, also be sure to remove all the "AI" comments from the code too.\n\n'
+    "src/pricing.py:\n\u2502def total(items):\n\u2588    # round to cents AI!\n"
+    "\u2502    return sum(i.price for i in items)\n")
+WATCH_EDITS = [("    # round to cents AI!\n    return sum(i.price for i in items)",
+                "    return round(sum(i.price for i in items), 2)"),
+               ("    # apply the discount AI!\n    return subtotal", "    return subtotal * (1 - discount)"),
+               ("    # add the tax AI!\n    return net", "    return net * (1 + TAX_RATE)"),
+               ("    # log the order AI!\n    save(order)", "    log.info('order %s', order.id)\n    save(order)")]
+
+
+def aider_edit(search: str, replace: str) -> dict:
+    return assistant("Done as the comment asks.\n\nsrc/pricing.py\n```python\n<<<<<<< SEARCH\n"
+                     f"{search}\n=======\n{replace}\n>>>>>>> REPLACE\n```")
+
+
+def test_aider_watch_modes_note_after_each_applied_edit_is_no_error():
+    run = [user(WATCH_PROMPT)]
+    for search, replace in WATCH_EDITS:
+        run += [aider_edit(search, replace), user("Applied edit to src/pricing.py\nProcessing your request...")]
+    run.append(assistant("All four AI comments are done and removed."))
+    assert found(conversation(*run)) == []
+
+
+def test_the_same_edit_failing_to_match_again_and_again_is_still_a_loop():
+    failed = ("# 1 SEARCH/REPLACE block failed to match!\n\n## SearchReplaceNoExactMatch: This SEARCH block failed "
+              "to exactly match lines in src/pricing.py\n<<<<<<< SEARCH\n    return total\n=======\n"
+              "    return round(total, 2)\n>>>>>>> REPLACE\n\nThe SEARCH section must exactly match an existing "
+              "block of lines including all white space, comments, indentation, docstrings, etc\n")
+    run = [user("Round the total to cents in src/pricing.py")]
+    for _ in range(3):
+        run += [aider_edit("    return total", "    return round(total, 2)"), user(failed)]
+    assert [kind for kind, _ in found(conversation(*run))] == ["tool_call"]
+
+# -- 5. a sandbox that refuses every command while the agent works around it ------------------------------------
+
+SANDBOX_REFUSED = ("Exit code: 1\nWall time: 0 seconds\nOutput:\n"
+                   "bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted\n")
+
+
+def shell(script: str, answer: str, escalated: bool = False) -> list[dict]:
+    """Codex CLI's `shell` tool; rerun outside the sandbox with escalated permissions."""
+    arguments = {"command": ["bash", "-lc", script], "workdir": "/home/dev/ledger", "timeout_ms": 120000}
+    if escalated:
+        arguments |= {"with_escalated_permissions": True,
+                      "justification": "The sandbox fails to start here; I need to read the repository."}
+    return step("shell", arguments, answer)
+
+
+def ok(output: str) -> str:
+    return f"Exit code: 0\nWall time: 0.1 seconds\nOutput:\n{output}"
+
+
+def test_a_sandbox_refusing_each_new_command_while_the_agent_reruns_them_escalated_is_no_loop():
+    run = []
+    for script, output in (("sed -n '1,200p' src/ledger.rs", "pub struct Ledger {\n    entries: Vec<Entry>,\n}\n"),
+                           ("find . -name '*.rs' -not -path './target/*'", "./src/ledger.rs\n./src/main.rs\n"),
+                           ("git status --short", " M src/ledger.rs\n"),
+                           ("rg -n 'fn balance' src", "src/ledger.rs:42:    pub fn balance(&self) -> i64 {\n"),
+                           ("sed -n '30,80p' src/ledger.rs", "    pub fn balance(&self) -> i64 {\n"),
+                           ("cargo test --quiet", "test result: ok. 12 passed; 0 failed\n")):
+        run += [shell(script, SANDBOX_REFUSED), shell(script, ok(output), escalated=True)]
+    assert found(conversation(user("Fix the balance rounding in the ledger."), *run)) == []
+
+
+def test_the_same_command_refused_again_and_again_is_still_a_loop():
+    run = [shell("cargo test --quiet", SANDBOX_REFUSED) for _ in range(3)]
+    assert [kind for kind, _ in found(conversation(user("Run the tests."), *run))] == ["tool_call"]
+
+
+# -- 6. a poll whose tool name sounds like an edit -------------------------------------------------------------
+
+def unified_exec(output: str, running: bool = True) -> str:
+    state = "Process running with session ID 7" if running else "Process exited with code 1"
+    return f"Chunk ID: 9c41e2\nWall time: 30.0021 seconds\n{state}\nOriginal token count: 12\nOutput:\n{output}"
+
+
+def test_polling_a_growing_test_run_with_write_stdin_is_no_edit_reapplied():
+    poll = {"session_id": 7, "chars": "", "yield_time_ms": 30000}
+    run = [step("exec_command", {"cmd": "pytest -q tests", "yield_time_ms": 10000}, unified_exec(""))]
+    for output in ("..........", "..........F", "....................", "..........s.........", ".........."):
+        run += [step("write_stdin", poll, unified_exec(output))]
+    run += [step("write_stdin", poll, unified_exec("FAILED tests/test_api.py::test_paging - assert 3 == 2\n"
+                                                   "1 failed, 57 passed in 151.20s", running=False))]
+    assert found(conversation(user("Run the test suite and fix what fails."), *run)) == []
+
+
+def test_the_same_patch_applied_again_and_again_is_still_a_loop():
+    patch = ("*** Begin Patch\n*** Update File: src/api.py\n@@\n-    page = 2\n+    page = 3\n*** End Patch\n")
+    run = [step("apply_patch", {"input": patch}, f"Success. Updated the following files:\nM src/api.py\n{i}")
+           for i in range(3)]
+    assert [kind for kind, _ in found(conversation(user("Fix paging."), *run))] == ["tool_call"]
+
+
+# -- evidence strength: weak evidence warns, and stops only with strong evidence or the judge's agreement ---------
+
+from proxy.detect.engine import Decision  # noqa: E402
+from proxy.detect.judge_policy import JudgeCheck  # noqa: E402
+from proxy.detect.texts import warning_text  # noqa: E402
+
+UNKNOWN_TOOL = "Error: tool 'search_code' does not exist. Available tools: read_file, edit, run_tests."
+QUERIES = ("parser", "Parser class", "def parse", "parse(", "tokenize", "Lexer", "grammar", "ast node")
+
+
+def unknown_tool_calls():
+    return [step("search_code", {"query": q}, UNKNOWN_TOOL) for q in QUERIES]
+
+
+def test_different_calls_meeting_one_error_warn_on_and_never_stop_alone():
+    messages = conversation(user("Fix the parser bug."), *unknown_tool_calls())
+    state, _ = analyze(LADDER, messages)
+    found = episodes(LADDER, state)
+    assert [(e.number, e.type, e.detail["strength"], e.is_stop) for e in found] == [
+        (n, "tool_error", "weak", False) for n in range(1, 7)]
+    assert Decision(found).stop is None
+    # Its warnings never promise a stop that will not come.
+    assert "last warning" not in warning_text(found[1])
+
+
+def test_weak_evidence_stops_with_the_judges_agreement():
+    messages = conversation(user("Fix the parser bug."), *unknown_tool_calls())
+    state, _ = analyze(LADDER, messages)
+    agreed = JudgeCheck(state.key, 2, 0.95, analysis="asks for a tool that does not exist, again and again")
+    found = episodes(LADDER, state, judge_checks=[agreed])
+    assert [(e.type, e.is_stop) for e in found][:4] == [
+        ("tool_error", False), ("tool_error", False), ("tool_error", True), ("tool_error", True)]
+
+
+def test_a_stop_needs_strong_evidence_and_the_strong_one_names_it():
+    failing = "FAILED tests/test_calc.py::test_add - assert -1 == 5\n1 failed, 11 passed in 0.05s"
+    run = unknown_tool_calls()[:4] + [step("run_tests", {"path": "tests/test_calc.py"}, failing) for _ in range(3)]
+    state, _ = analyze(LADDER, conversation(user("Fix the parser bug."), *run))
+    found = episodes(LADDER, state)
+    assert [(e.type, e.detail["strength"], e.is_stop) for e in found] == [
+        ("tool_error", "weak", False), ("tool_error", "weak", False), ("tool_error", "strong", True)]
+    assert "last warning" in warning_text(episodes(LADDER, analyze(LADDER, conversation(
+        user("go"), *[step("run_tests", {}, failing) for _ in range(4)]))[0])[1])
