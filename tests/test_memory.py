@@ -8,6 +8,7 @@ alone, in every dialect, streamed or not, warned, stopped or relayed as it came.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import tracemalloc
 from types import SimpleNamespace
@@ -181,3 +182,23 @@ async def test_metrics_show_what_each_cache_holds(upstream, proxy):
     assert set(held) == {"request_bodies", "sessions", "kept_calls", "responses", "latest_responses", "judge_checks"}
     body = len(orjson.dumps({"model": "m", "messages": history}))
     assert held["request_bodies"] > body and held["sessions"] > 300 * 1024  # the long body, the session's steps
+
+
+async def test_the_keys_known_to_have_sessions_are_bounded_and_a_forgotten_one_is_found_again(tmp_path, monkeypatch):
+    from proxy.store import store as store_module
+    from proxy.store.database import run_migrations
+
+    monkeypatch.setattr(store_module, "KNOWN_TENANTS", 5)
+    database = f"sqlite+aiosqlite:///{tmp_path}/tenants.db"
+    await asyncio.to_thread(run_migrations, database)
+    store = store_module.Store(database)
+    await store.start()
+    try:
+        for n in range(50):  # a client drawing a new key for every request
+            store.session_seen(f"tenant-{n:02d}", "s", 2, "m")
+        assert len(store._tenants) == 5
+        await store.writer.flush()
+        assert await store.tenant_known("tenant-00")  # forgotten here, found in the log
+        assert not await store.tenant_known("tenant-never")
+    finally:
+        await store.close()

@@ -41,6 +41,7 @@ CHECKS_PER_SESSION = 64  # the latest checks of each (the judge checks a task ev
 RESPONSES_BYTES = 128 * 1024 * 1024
 LATEST_BYTES = 16 * 1024 * 1024
 CHECKS_BYTES = 32 * 1024 * 1024
+KNOWN_TENANTS = 100_000
 MAX_CHAIN = 5_000  # responses followed back from one request
 MAX_STORED_TEXT = 16_000  # characters kept of each message's text and each call's arguments
 WRITER_FAILING_READY = 30.0  # seconds of failing writes after which /readyz says the proxy is not ready
@@ -103,7 +104,9 @@ class Store:
         self._responses = LRU(CACHED_RESPONSES, RESPONSES_BYTES, _response_weight)
         self._latest = LRU(CACHED_RESPONSES, LATEST_BYTES,
                            lambda key, latest: 256 + getsizeof(key[1]) + getsizeof(latest))
-        self._tenants: set[str] = set()  # key hashes that have sessions (one entry per client key)
+        # Key hashes known to have sessions, the latest KNOWN_TENANTS (one entry per client key: a client
+        # drawing keys at will must not grow it; one forgotten is looked up in the log again)
+        self._tenants = LRU(KNOWN_TENANTS)
         self._maintainer: asyncio.Task | None = None
         self._rebuilding = False
         self._complete: tuple[float, bool] | None = None  # (when checked, whether the counts were whole)
@@ -161,7 +164,7 @@ class Store:
 
     def session_seen(self, tenant: str, session_id: str, message_count: int, model: str | None,
                      agent: str | None = None, title: str | None = None, task: str | None = None) -> None:
-        self._tenants.add(tenant)
+        self._tenants.put(tenant, True)
         self.writer.session_seen(tenant, session_id, message_count, model, agent, title, task)
 
     async def tenant_known(self, tenant: str) -> bool:
@@ -172,7 +175,7 @@ class Store:
             found = (await connection.execute(
                 select(SessionRow.session_id).where(SessionRow.tenant == tenant).limit(1))).first()
         if found is not None:
-            self._tenants.add(tenant)
+            self._tenants.put(tenant, True)
         return found is not None
 
     def caches(self) -> dict:
