@@ -31,7 +31,7 @@ from litellm.types.utils import ModelResponseStream
 
 from proxy.config import build
 from proxy.conversation import RequestError
-from proxy.inspection import Incoming, Stop, Tap
+from proxy.inspection import Incoming, Stop, Tap, tenant_of
 from proxy.lru import LRU
 from proxy.server.addons import Addons, Exchange
 from proxy.server.guard import Guard
@@ -88,7 +88,7 @@ class LoopwardenGuardrail(CustomGuardrail):
         if call_type not in CHAT_CALLS or not isinstance(data.get("messages"), list):
             return data
         await self._ready()
-        headers = request_headers(data, user_api_key_dict)
+        headers = request_headers(data)
         payload = {name: data[name] for name in CHAT_FIELDS if name in data}
         try:
             raw = orjson.dumps(payload)
@@ -97,7 +97,8 @@ class LoopwardenGuardrail(CustomGuardrail):
         exchange = Exchange(headers, OPENAI, CHAT_PATH, time.perf_counter(), payload, raw)
         try:
             verdict = self.guard.inspector.inspect(
-                Incoming(headers, raw, payload, OPENAI, path=CHAT_PATH, origin=self.settings.public_url or ""),
+                Incoming(headers, raw, payload, OPENAI, path=CHAT_PATH, origin=self.settings.public_url or "",
+                         tenant=tenant(user_api_key_dict)),
                 self.addons.sink(exchange))
         except RequestError:
             return data  # LiteLLM answers a request it cannot take itself
@@ -190,15 +191,21 @@ def chunk_event(chunk: Any) -> bytes | None:
     return sse(data)
 
 
-def request_headers(data: Mapping[str, Any], user_api_key_dict: Any) -> CIMultiDict:
-    """The headers the inspection step names a session by: those the client sent (LiteLLM keeps them, without
-    its credentials), and LiteLLM's key as the client's key, so that sessions are namespaced per key."""
+def tenant(user_api_key_dict: Any) -> str | None:
+    """Whose the request is: LiteLLM's key. LiteLLM holds it as its SHA-256, whose beginning is the tenant the
+    proxy names for the same key (`tenant_of`); None (the fingerprint of no key) without one."""
+    hashed = getattr(user_api_key_dict, "api_key", None) or getattr(user_api_key_dict, "token", None)
+    if not isinstance(hashed, str) or not hashed:
+        return None
+    return hashed[:16] if len(hashed) == 64 and all(c in "0123456789abcdef" for c in hashed) else tenant_of(hashed)
+
+
+def request_headers(data: Mapping[str, Any]) -> CIMultiDict:
+    """The headers the inspection step names a session by and reads the agent from: those the client sent
+    (LiteLLM keeps them without its credentials)."""
     server_request = data.get("proxy_server_request") or {}
     sent = server_request.get("headers") if isinstance(server_request, Mapping) else None
     headers = CIMultiDict(sent if isinstance(sent, Mapping) else {})
     for credential in ("Authorization", "x-api-key", "api-key", "x-goog-api-key"):
         headers.popall(credential, None)
-    key = getattr(user_api_key_dict, "api_key", None) or getattr(user_api_key_dict, "token", None)
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
     return headers

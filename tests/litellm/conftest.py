@@ -54,7 +54,7 @@ class ScriptedModels:
         if model == "loop":
             return Turn(tool_calls=[(TOOL, {"path": "/tmp/a.txt"})], chunk_chars=5)
         if model == "chant":
-            return Turn(content=SENTENCE * 200, chunk_chars=6)
+            return Turn(content=SENTENCE * 200, chunk_chars=6, delay=0.005)
         if model == "flaky":
             self.flaky_seen += 1
             if self.flaky_seen == 1:

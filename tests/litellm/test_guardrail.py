@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from proxy.detect.engine import CUT_NOTICE_PREFIX, INJECTED_PREFIX
+from proxy.inspection import tenant_of
 from tests.litellm.conftest import MASTER_KEY, TOOL
 
 TOOLS = [{"type": "function", "function": {"name": TOOL, "description": "Read a file",
@@ -96,6 +97,7 @@ def test_tool_loop_warned_twice_then_stopped(litellm_proxy, models, stream):
     assert [len(warnings_seen([body])) for body in bodies] == [0, 0, 0, 1, 2]
     logged = detections(litellm_proxy, headers["X-Session-Id"])
     assert sorted(row["action"] for row in logged) == ["stopped", "warned", "warned"]
+    assert len({row["tenant"] for row in logged}) == 1
 
 
 def test_chant_cut_as_it_streams(litellm_proxy, models):
@@ -149,10 +151,12 @@ def test_failing_database_is_harmless(failing_db_proxy, models):
     assert answer.choices[0].message.content
 
 
-def test_litellm_key_auth_still_applies(litellm_proxy):
-    with pytest.raises(openai.AuthenticationError):
-        ask(litellm_proxy, key="sk-wrong", 
-            model="answer", messages=[{"role": "user", "content": "Hello"}])
+def test_litellm_key_auth_still_applies(litellm_proxy, models):
+    before = len(models.bodies("answer"))
+    with pytest.raises(openai.APIStatusError) as refused:  # without LiteLLM's database, only its master key
+        ask(litellm_proxy, key="sk-wrong", model="answer", messages=[{"role": "user", "content": "Hello"}])
+    assert refused.value.status_code in (400, 401)
+    assert len(models.bodies("answer")) == before
 
 
 def test_litellm_retries_still_work(litellm_proxy, models):
@@ -168,3 +172,15 @@ def test_litellm_fallbacks_still_work(litellm_proxy, models):
         model="broken", messages=[{"role": "user", "content": "Hello"}], extra_headers=session_headers())
     assert answer.choices[0].message.content == "All done: the file holds the configuration."
     assert len(models.bodies("answer")) == before + 1
+
+
+def test_tenant_is_the_key_the_proxy_would_name():
+    """LiteLLM holds a virtual key as its SHA-256: the tenant is the one the proxy names for that key. (Its master
+    key reaches guardrails as an alias: one tenant of its own.)"""
+    from litellm.proxy._types import UserAPIKeyAuth
+
+    from proxy.integrations.litellm import tenant
+
+    assert tenant(UserAPIKeyAuth(api_key="sk-a-virtual-key")) == tenant_of("sk-a-virtual-key")
+    assert tenant(UserAPIKeyAuth(api_key="an-alias")) == tenant_of("an-alias")
+    assert tenant(UserAPIKeyAuth()) is None
