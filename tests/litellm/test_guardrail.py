@@ -184,3 +184,4 @@ def test_tenant_is_the_key_the_proxy_would_name():
     assert tenant(UserAPIKeyAuth(api_key="sk-a-virtual-key")) == tenant_of("sk-a-virtual-key")
     assert tenant(UserAPIKeyAuth(api_key="an-alias")) == tenant_of("an-alias")
     assert tenant(UserAPIKeyAuth()) is None
+

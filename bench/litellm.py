@@ -1,0 +1,153 @@
+"""What loopwarden's guardrail costs LiteLLM's proxy, measured in one run against the same upstream.
+
+    .venv-litellm/bin/python bench/litellm.py [--quick]
+
+Targets, in separate processes on this machine: bench/servers.py's lean upstream, and LiteLLM's proxy twice in
+front of it, once with the guardrail in its config.yaml and once without. The load comes from this process over
+keep-alive connections, the two proxies' requests interleaved; each proxy's CPU time is read from /proc. Needs
+LiteLLM's proxy installed (`make litellm-check` installs it into .venv-litellm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from overhead import conversation, cpu_seconds, free_port, ms, pct  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MASTER_KEY = "sk-bench"
+CONFIG = """\
+model_list:
+  - model_name: bench
+    litellm_params:
+      model: openai/bench
+      api_base: {upstream}/v1
+      api_key: bench
+general_settings:
+  master_key: {master_key}
+"""
+GUARDRAIL = """\
+guardrails:
+  - guardrail_name: loopwarden
+    litellm_params:
+      guardrail: proxy.integrations.litellm.LoopwardenGuardrail
+      mode: [pre_call, post_call]
+      default_on: true
+"""
+
+
+def start_litellm(workdir: Path, upstream: str, guarded: bool) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    config = workdir / f"config-{'guarded' if guarded else 'bare'}.yaml"
+    config.write_text(CONFIG.format(upstream=upstream, master_key=MASTER_KEY) + (GUARDRAIL if guarded else ""))
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
+    environ.update({"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "PYTHONPATH": str(ROOT),
+                    "LOOPWARDEN_DATABASE_URL": f"sqlite+aiosqlite:///{workdir / 'loopwarden.db'}"})
+    litellm = shutil.which("litellm", path=str(Path(sys.executable).parent))
+    process = subprocess.Popen([litellm, "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
+                               cwd=workdir, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return process, f"http://127.0.0.1:{port}"
+
+
+async def ready(http: aiohttp.ClientSession, url: str, body: bytes) -> None:
+    for _ in range(600):
+        try:
+            async with http.post(url + "/v1/chat/completions", data=body, headers=HEADERS) as response:
+                if response.status == 200:
+                    await response.read()
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up")
+
+
+HEADERS = {"Content-Type": "application/json", "Authorization": f"Bearer {MASTER_KEY}"}
+
+
+async def one(http: aiohttp.ClientSession, url: str, body: bytes) -> float:
+    began = time.perf_counter()
+    async with http.post(url + "/v1/chat/completions", data=body, headers=HEADERS) as response:
+        await response.read()
+        assert response.status == 200, response.status
+    return time.perf_counter() - began
+
+
+async def measure(http, targets: dict[str, str], pids: dict[str, int], name: str, bodies: list[bytes],
+                  rounds: int) -> None:
+    """`rounds` requests to each target, interleaved, cycling through `bodies`: latency and CPU per request."""
+    times: dict[str, list[float]] = {target: [] for target in targets}
+    cpu = {target: cpu_seconds(pid) for target, pid in pids.items()}
+    for i in range(rounds):
+        body = bodies[i % len(bodies)]
+        for target, url in (targets.items() if i % 2 else reversed(targets.items())):
+            times[target].append(await one(http, url, body))
+    cpu = {target: (cpu_seconds(pid) - cpu[target]) / rounds for target, pid in pids.items()}
+    bare, guarded = (statistics.median(times[t]) for t in ("without", "with"))
+    print(f"| {name} | {ms(bare)} / {ms(pct(times['without'], 0.99))} | {ms(guarded)} / "
+          f"{ms(pct(times['with'], 0.99))} | {ms(guarded - bare)} ({(guarded / bare - 1) * 100:+.1f}%) | "
+          f"{cpu['without'] * 1000:.2f} ms | {cpu['with'] * 1000:.2f} ms "
+          f"({(cpu['with'] / cpu['without'] - 1) * 100:+.1f}%) |")
+
+
+def chat(messages: list[dict], stream: bool = False) -> bytes:
+    return orjson.dumps({"model": "bench", "messages": messages, "stream": stream})
+
+
+async def run(quick: bool) -> None:
+    rounds = 100 if quick else 500
+    upstream_port = free_port()
+    upstream = subprocess.Popen([sys.executable, str(ROOT / "bench" / "servers.py"), "upstream", str(upstream_port)])
+    upstream_url = f"http://127.0.0.1:{upstream_port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        processes = {"without": start_litellm(workdir, upstream_url, False),
+                     "with": start_litellm(workdir, upstream_url, True)}
+        try:
+            targets = {name: url for name, (_, url) in processes.items()}
+            pids = {name: process.pid for name, (process, _) in processes.items()}
+            small = chat([{"role": "system", "content": "You are an agent."},
+                          {"role": "user", "content": "Fix the failing test."}])
+            async with aiohttp.ClientSession() as http:
+                for url in targets.values():
+                    await ready(http, url, small)
+                    for _ in range(20):  # warm up
+                        await one(http, url, small)
+                print(f"\nLiteLLM's proxy with and without loopwarden's guardrail ({rounds} requests each, "
+                      "interleaved, concurrency 1)\n")
+                print("| request | without: p50 / p99 | with: p50 / p99 | added p50 | CPU per request without | "
+                      "with |")
+                print("|---|---|---|---|---|---|")
+                await measure(http, targets, pids, "2 messages", [small], rounds)
+                # Each request a conversation of its own (as many agents at once), so none is served from the
+                # one before.
+                tools = [chat(conversation(40, tag=f" {i}")) for i in range(rounds)]
+                await measure(http, targets, pids, "40 messages with tool calls", tools, rounds)
+                await measure(http, targets, pids, "streamed, 2 messages",
+                              [chat(orjson.loads(small)["messages"], stream=True)], rounds)
+        finally:
+            for process, _ in processes.values():
+                process.terminate()
+            for process, _ in processes.values():
+                process.wait(15)
+            upstream.terminate()
+            upstream.wait(5)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    asyncio.run(run(parser.parse_args().quick))
