@@ -118,6 +118,12 @@ class LoopwardenGuardrail(CustomGuardrail):
         call_id = data.get("litellm_call_id") if isinstance(data, Mapping) else None
         return self._taps.pop(call_id, None) if call_id else None
 
+    async def async_post_call_failure_hook(self, request_data: dict, original_exception: Exception,
+                                           user_api_key_dict, traceback_str: str | None = None) -> None:
+        """The call failed (after LiteLLM's retries and fallbacks): no answer to read, and, as in the proxy, the
+        warnings it carried were not delivered."""
+        self._tap(request_data)
+
     async def async_post_call_success_hook(self, data: dict, user_api_key_dict, response: Any) -> Any:
         """A whole answer: read for what it can change (the model moving on from a warning, a chant in its
         reasoning), after it is on its way (as the proxy reads it)."""
