@@ -1,9 +1,10 @@
 """What loopwarden's guardrail costs LiteLLM's proxy, measured in one run against the same upstream.
 
-    .venv-litellm/bin/python bench/litellm.py [--quick]
+    .venv-litellm/bin/python bench/litellm_guardrail.py [--quick]
 
-Targets, in separate processes on this machine: bench/servers.py's lean upstream, and LiteLLM's proxy twice in
-front of it, once with the guardrail in its config.yaml and once without. The load comes from this process over
+Targets, in separate processes on this machine: bench/servers.py's lean upstream, and LiteLLM's proxy three times
+in front of it: without a guardrail, with one that does nothing in the same hooks (bench/noop_guardrail.py: what
+LiteLLM's guardrail machinery costs), and with loopwarden's. The load comes from this process over
 keep-alive connections, the two proxies' requests interleaved; each proxy's CPU time is read from /proc. Needs
 LiteLLM's proxy installed (`make litellm-check` installs it into .venv-litellm).
 """
@@ -41,18 +42,21 @@ general_settings:
 """
 GUARDRAIL = """\
 guardrails:
-  - guardrail_name: loopwarden
+  - guardrail_name: {name}
     litellm_params:
-      guardrail: proxy.integrations.litellm.LoopwardenGuardrail
+      guardrail: {guardrail}
       mode: [pre_call, post_call]
       default_on: true
 """
+GUARDRAILS = {"without": None, "no-op guardrail": "bench.noop_guardrail.NoopGuardrail",
+              "loopwarden": "proxy.integrations.litellm.LoopwardenGuardrail"}
 
 
-def start_litellm(workdir: Path, upstream: str, guarded: bool) -> tuple[subprocess.Popen, str]:
+def start_litellm(workdir: Path, upstream: str, guardrail: str | None) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    config = workdir / f"config-{'guarded' if guarded else 'bare'}.yaml"
-    config.write_text(CONFIG.format(upstream=upstream, master_key=MASTER_KEY) + (GUARDRAIL if guarded else ""))
+    config = workdir / f"config-{port}.yaml"
+    config.write_text(CONFIG.format(upstream=upstream, master_key=MASTER_KEY) +
+                      (GUARDRAIL.format(name=guardrail.rpartition(".")[2], guardrail=guardrail) if guardrail else ""))
     environ = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
     environ.update({"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "PYTHONPATH": str(ROOT),
                     "LOOPWARDEN_DATABASE_URL": f"sqlite+aiosqlite:///{workdir / 'loopwarden.db'}"})
@@ -93,14 +97,16 @@ async def measure(http, targets: dict[str, str], pids: dict[str, int], name: str
     cpu = {target: cpu_seconds(pid) for target, pid in pids.items()}
     for i in range(rounds):
         body = bodies[i % len(bodies)]
-        for target, url in (targets.items() if i % 2 else reversed(targets.items())):
+        order = list(targets.items())
+        for target, url in order[i % len(order):] + order[:i % len(order)]:  # each first in turn
             times[target].append(await one(http, url, body))
     cpu = {target: (cpu_seconds(pid) - cpu[target]) / rounds for target, pid in pids.items()}
-    bare, guarded = (statistics.median(times[t]) for t in ("without", "with"))
-    print(f"| {name} | {ms(bare)} / {ms(pct(times['without'], 0.99))} | {ms(guarded)} / "
-          f"{ms(pct(times['with'], 0.99))} | {ms(guarded - bare)} ({(guarded / bare - 1) * 100:+.1f}%) | "
-          f"{cpu['without'] * 1000:.2f} ms | {cpu['with'] * 1000:.2f} ms "
-          f"({(cpu['with'] / cpu['without'] - 1) * 100:+.1f}%) |")
+    bare = statistics.median(times["without"])
+    for target in targets:
+        p50 = statistics.median(times[target])
+        print(f"| {name} | {target} | {ms(p50)} | {ms(pct(times[target], 0.99))} | "
+              f"{ms(p50 - bare)} ({(p50 / bare - 1) * 100:+.1f}%) | {cpu[target] * 1000:.2f} | "
+              f"{(cpu[target] - cpu['without']) * 1000:+.2f} ({(cpu[target] / cpu['without'] - 1) * 100:+.1f}%) |")
 
 
 def chat(messages: list[dict], stream: bool = False) -> bytes:
@@ -114,8 +120,7 @@ async def run(quick: bool) -> None:
     upstream_url = f"http://127.0.0.1:{upstream_port}"
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        processes = {"without": start_litellm(workdir, upstream_url, False),
-                     "with": start_litellm(workdir, upstream_url, True)}
+        processes = {name: start_litellm(workdir, upstream_url, guardrail) for name, guardrail in GUARDRAILS.items()}
         try:
             targets = {name: url for name, (_, url) in processes.items()}
             pids = {name: process.pid for name, (process, _) in processes.items()}
@@ -127,15 +132,15 @@ async def run(quick: bool) -> None:
                     for _ in range(20):  # warm up
                         await one(http, url, small)
                 print(f"\nLiteLLM's proxy with and without loopwarden's guardrail ({rounds} requests each, "
-                      "interleaved, concurrency 1)\n")
-                print("| request | without: p50 / p99 | with: p50 / p99 | added p50 | CPU per request without | "
-                      "with |")
-                print("|---|---|---|---|---|---|")
+                      "interleaved, concurrency 1; times in ms)\n")
+                print("| request | LiteLLM | p50 | p99 | added p50 | CPU per request | added CPU |")
+                print("|---|---|---|---|---|---|---|")
                 await measure(http, targets, pids, "2 messages", [small], rounds)
-                # Each request a conversation of its own (as many agents at once), so none is served from the
-                # one before.
-                tools = [chat(conversation(40, tag=f" {i}")) for i in range(rounds)]
-                await measure(http, targets, pids, "40 messages with tool calls", tools, rounds)
+                # An agent's conversation, one step (a call and its result) longer each request, up to 200
+                # messages, then another agent's, as bench/overhead.py's detection case.
+                steps = [chat(conversation(4 + 2 * (i % 98), tag=f" {i // 98}")) for i in range(rounds)]
+                await measure(http, targets, pids, "a conversation with tool calls, growing to 200 messages", steps,
+                              rounds)
                 await measure(http, targets, pids, "streamed, 2 messages",
                               [chat(orjson.loads(small)["messages"], stream=True)], rounds)
         finally:
