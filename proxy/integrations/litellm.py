@@ -148,30 +148,29 @@ class LoopwardenGuardrail(CustomGuardrail):
                 yield chunk
             return
         delivered = False
-        try:
-            async for chunk in response:
-                event = chunk_event(chunk)
-                if event is None:
-                    yield chunk
-                    continue
-                if not delivered:
-                    tap.delivered(200, None)
-                    delivered = True
-                passing = tap.pass_on(event)
-                if not passing.last:
-                    yield chunk
-                    continue
-                # Each chunk is one whole event: the cut ends after it, or before it (a call begun after a chant).
-                if passing.data.startswith(event):
-                    yield chunk
-                for last in ending(passing.data[len(event):] if passing.data.startswith(event) else passing.data):
-                    yield last
-                return
-            tap.ended()
-        finally:
+        async for chunk in response:
+            event = chunk_event(chunk)
+            if event is None:
+                yield chunk
+                continue
+            if not delivered:
+                tap.delivered(200, None)
+                delivered = True
+            passing = tap.pass_on(event)
+            if not passing.last:
+                yield chunk
+                continue
+            # The stream ends here: the upstream's is read no further.
             close = getattr(response, "aclose", None)
             if close is not None:
                 await close()
+            # Each chunk is one whole event: the cut ends after it, or before it (a call begun after a chant).
+            if passing.data.startswith(event):
+                yield chunk
+            for last in ending(passing.data[len(event):] if passing.data.startswith(event) else passing.data):
+                yield last
+            return
+        tap.ended()
 
 
 def ending(tail: bytes) -> Iterator[Any]:
