@@ -18,7 +18,7 @@ CODEX := @openai/codex@0.169.0
 CLINE := cline@3.0.65
 MASTRA := @mastra/core@0.24.9 @ai-sdk/openai@2.0.131 zod@3.25.76
 
-.PHONY: serve test bench migrate clean agents-check agents-frameworks test-tools docs docs-build screenshots
+.PHONY: serve test bench migrate clean agents-check litellm-check agents-frameworks test-tools docs docs-build screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -94,6 +94,31 @@ agents-check: $(AGENTS_STAMP)
 	$(AGENTS_VENV)/bin/python -m pytest -q tests/agents -W ignore::ResourceWarning \
 		-W ignore::pytest.PytestUnraisableExceptionWarning
 
+# loopwarden as LiteLLM's guardrail (tests/litellm): LiteLLM's proxy, run from its command line, in an environment
+# of its own (about 4 minutes to install, so not part of `make test`; CI runs it). LiteLLM's `proxy` extra pins
+# packages the index may not hold (its enterprise and database add-ons at exact versions): its proxy's own
+# dependencies are installed by name instead, those two add-ons without theirs.
+LITELLM_VENV := .venv-litellm
+LITELLM_STAMP := $(LITELLM_VENV)/.installed
+LITELLM := litellm==1.109.3
+LITELLM_PROXY_DEPS := 'uvicorn>=0.33,<1' 'gunicorn>=23,<24' 'fastapi>=0.136.3,<1' 'starlette>=1.0.1,<2' \
+	'backoff>=2.2.1,<3' 'pyyaml>=6.0.3,<7' 'rq>=2.7,<3' 'orjson>=3.11.6,<4' 'hiredis>=3,<4' 'apscheduler>=3.11.2,<4' \
+	'fastapi-sso>=0.19,<1' 'pyjwt>=2.13,<3' 'python-multipart>=0.0.27,<1' 'cryptography>=49,<51' 'pynacl>=1.6.2,<2' \
+	'websockets>=15.0.1,<16' 'boto3>=1.43.117,<2' 'azure-identity>=1.25.2,<2' 'azure-storage-blob>=12.28,<13' \
+	'mcp>=2.3,<3' 'httpx2>=2.10,<3' 'pydantic>=2.12,<3' 'restrictedpython>=8.5,<9' 'rich>=13.9.4,<14' \
+	'inquirerpy>=0.3.4,<1' 'tomlkit>=0.13.3,<1' 'polars>=1.38.1,<2' 'soundfile>=0.12.1,<1' 'pyroscope-io>=0.8.16,<1' \
+	'expression>=5.6,<6' 'backports-zstd>=1,<2' 'granian>=2.7.4,<3' 'uvloop>=0.22.1,<1'
+$(LITELLM_STAMP): pyproject.toml setup.py Makefile
+	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/pip install --quiet --upgrade pip
+	LOOPWARDEN_NO_EXTENSIONS=1 $(LITELLM_VENV)/bin/pip install --quiet -e '.[dev]' '$(LITELLM)' $(LITELLM_PROXY_DEPS)
+	$(LITELLM_VENV)/bin/pip install --quiet --no-deps 'litellm-enterprise==0.1.82' 'litellm-proxy-extras==0.4.110'
+	touch $@
+
+litellm-check: $(LITELLM_STAMP)
+	LOOPWARDEN_NO_EXTENSIONS=1 $(LITELLM_VENV)/bin/python -m pytest -q tests/litellm -p no:cacheprovider \
+		-W ignore::pytest.PytestDeprecationWarning
+
 # CrewAI and the OpenHands SDK (tests/agents/test_frameworks.py): environments of their own, large (about 1 GB
 # and 700 MB) and slow to install (about 5 minutes), so not part of `make test`. OpenHands needs Python 3.12+.
 FRAMEWORKS := .venv-frameworks
@@ -136,5 +161,5 @@ bench: $(STAMP)
 	$(BIN)/python bench/detect.py
 
 clean:
-	rm -rf $(VENV) $(AGENTS_VENV) $(FRAMEWORKS) $(DOCS_VENV) site *.egg-info .pytest_cache build
+	rm -rf $(VENV) $(AGENTS_VENV) $(LITELLM_VENV) $(FRAMEWORKS) $(DOCS_VENV) site *.egg-info .pytest_cache build
 	find proxy -name '*.so' -o -name '*.so.source' -o -name '*.c' | xargs rm -f

@@ -202,6 +202,7 @@ class Incoming:
     query: Mapping[str, str] | None = None  # its query (the Gemini API may carry the key there)
     origin: str = ""  # the proxy's address as the client reached it (a resume link's, without PUBLIC_URL)
     parsed: Parsed | None = None  # how the body was parsed: the items it shares with the conversation's last
+    tenant: str | None = None  # whose, where the caller has it already (a gateway's hash of its key); else the key's
 
 
 @dataclass
@@ -413,7 +414,7 @@ class Inspector:
         elif parsed is not None and parsed.known is not None:
             parsed.known.forwardable = True
         key_of_client = client_key(incoming.headers, incoming.query)
-        tenant = tenant_of(key_of_client)
+        tenant = incoming.tenant or tenant_of(key_of_client)
         kept_calls = self._kept_calls
         conversation: Conversation = dialect.read(
             payload, incoming.chain.messages if incoming.chain is not None else None,
