@@ -189,7 +189,7 @@ async def _inspected(request: web.Request, exchange: Exchange, addons: Addons) -
             if addons.response:
                 _answered(exchange, addons, 200, tap.streamed_summary(dialect.tokens) if tap is not None else None)
             return response
-        return await _whole_answer(request, exchange, addons, verdict, upstream, response_headers, dialect)
+        return await _whole_answer(request, exchange, addons, verdict, upstream, response_headers)
     finally:
         upstream.release()
 
@@ -220,9 +220,9 @@ async def _parsed_body(request: web.Request, dialect: Dialect) -> Parsed | web.R
 
 
 async def _whole_answer(request: web.Request, exchange: Exchange, addons: Addons, verdict: Forward,
-                        upstream: UpstreamResponse, response_headers: dict, dialect: Dialect) -> web.StreamResponse:
+                        upstream: UpstreamResponse, response_headers: dict) -> web.StreamResponse:
     """A non-streamed answer: relayed once read (the tap given it), or, too large to inspect, as it comes."""
-    tap = verdict.tap
+    tap, dialect = verdict.tap, exchange.dialect
     try:
         body = await _answer(upstream)
     except Exception as exc:
@@ -251,7 +251,7 @@ async def _whole_answer(request: web.Request, exchange: Exchange, addons: Addons
         elif tap is not None:  # the answer goes out first; the engine reads it on the loop's next turn
             asyncio.get_running_loop().call_soon(tap.complete, answer)
         if addons.response:
-            _answered(exchange, addons, 200, exchange.dialect.summary(answer) if isinstance(answer, dict) else None)
+            _answered(exchange, addons, 200, dialect.summary(answer) if isinstance(answer, dict) else None)
     return web.Response(status=200, body=body, headers=response_headers)
 
 

@@ -1,8 +1,9 @@
 """`/loopwarden/resume/<token>`: the person running an agent lets a stopped session go on.
 
 A stop's message names a one-time link bound to its session and task (SPEC §4); it unlocks nothing else. GET
-shows what will be resumed and changes nothing; a button POSTs a value drawn for that showing of the page (kept
-hashed, never derived from the link), so a tool that only fetches the link resumes nothing. The agent was
+shows what will be resumed and resumes nothing; a button POSTs a value drawn for that showing of the page (kept
+hashed, never derived from the link; a later showing replaces it), so a tool that only fetches the link resumes
+nothing. The agent was
 handed the link too, so the resume needs what the agent does not have: the ADMIN_TOKEN, where one is set; with
 none, only a loopback client can resume, as only a loopback client can use the page (what that does not keep
 out: an agent running on the proxy's own machine with a shell). Used once, the link is spent; unused, it
@@ -53,9 +54,8 @@ def routes(guard: Guard) -> list[web.RouteDef]:
                 .order_by(Detection.id.desc()).limit(1))).first()
         return shown(row) if row is not None else ""
 
-    async def unusable(token: str) -> web.Response | None:
+    def unusable(link: dict | None) -> web.Response | None:
         """The page for a link that cannot be used (never issued, spent, expired); None for one that can."""
-        link = await store.resume_link(token)
         if link is None:
             return _page(404, "No such link", "<p>This resume link was never issued.</p>")
         session = html.escape(link["session_id"])
@@ -70,10 +70,10 @@ def routes(guard: Guard) -> list[web.RouteDef]:
 
     async def show(request: web.Request) -> web.Response:
         token = request.match_info["token"]
-        refused = await unusable(token)
+        link = await store.resume_link(token)
+        refused = unusable(link)
         if refused is not None:
             return refused
-        link = await store.resume_link(token)
         stopped = html.escape(await stop_of(link))
         asked = ("<p><label>Admin token <input type=password name=admin_token autocomplete=current-password "
                  "required></label></p>") if admin_token else ""
@@ -95,12 +95,9 @@ def routes(guard: Guard) -> list[web.RouteDef]:
         elif not is_loopback(request):
             return _page(403, "Not resumed", "<p>With no ADMIN_TOKEN set, a session is resumed only from the "
                                              "proxy's own machine.</p>")
-        refused = await unusable(token)
-        if refused is not None:
-            return refused
         link = await store.use_resume_link(token, str(form.get("confirm", "")), guard.known_message_counts())
         if link is None:
-            refused = await unusable(token)  # another use at the same moment spent it
+            refused = unusable(await store.resume_link(token))  # never issued, spent (maybe just now), expired
             return refused or _page(400, "Not resumed", "<p>Open the link and use its button to resume the "
                                                         "session.</p>")
         session = html.escape(link["session_id"])
