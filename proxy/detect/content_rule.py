@@ -27,7 +27,10 @@ Both give the same verdict at the same `feed` call, whatever the text and howeve
 6. Lines. Each complete prose line, stripped of its surrounding white space, is compared with the lines
    before it (blank lines are skipped; a line of any other kind, or longer than LINE_LIMIT, matches nothing
    and so breaks what runs): the same line shorter than `chunk_size` `threshold` times back to back is
-   chanting (`OK.` over and over, out of the windows' reach), and so is a block of BLOCK_LINES to
+   chanting (`OK.` over and over, out of the windows' reach); so is a short unit of 2 to SHORT_UNIT_LINES lines,
+   together shorter than SHORT_UNIT_CHUNKS chunk sizes, said `short_unit_copies(threshold)` times back to back
+   (an intention, a tool's name and a one-word answer, over and over: too short a period for the windows to
+   count ten of it in so little text, too few lines for the blocks); and so is a block of BLOCK_LINES to
    MAX_BLOCK_LINES lines repeated BLOCK_COPIES times back to back (a block too long for the windows' gap).
 7. Degenerate runs. The text the windows do not count (dividers, fences, code, with their line breaks) is
    read character by character, each compared with the DEGENERATE_UNIT characters before it: a unit of 1 to
@@ -53,6 +56,17 @@ BLOCK_LINES = 5
 MAX_BLOCK_LINES = 40
 BLOCK_COPIES = 3
 SHOWN_LINE = 200  # of a line kept to show the block it is part of
+# Short units: 2 to SHORT_UNIT_LINES lines (a step the model narrates: "I'll check the file.", "read_file", "OK"),
+# together shorter than SHORT_UNIT_CHUNKS chunk sizes (twice 50 characters by default). Such a unit said over and
+# over has a period the windows count ten times only after 11 or more copies, and too few lines for the blocks, so
+# a whole answer of 400 to 600 characters that is nothing but it escaped both. `short_unit_copies` says how many
+# back-to-back copies make it a chant: 8 at the default threshold of 10. What looks alike and is not a loop stays
+# well under that: a refrain sung 2 or 3 times, "Done." twice, a stanza repeated 4 times; lists, tables, headings
+# and code match no line at all (a list's similar items, a table's separators, a log quoted in a fence). A single
+# line keeps the threshold itself (the reference's nine sentences, a marker, nine more, are no chant), and a unit
+# of longer lines is the windows' or the blocks' (two lines of 90 characters nine times are neither's).
+SHORT_UNIT_LINES = 4
+SHORT_UNIT_CHUNKS = 2
 # Degenerate runs: the longest unit, and how long its run must be.
 DEGENERATE_UNIT = 8
 DEGENERATE_CHARS = 2000
@@ -118,6 +132,12 @@ def classify(line: str, complete: bool, in_code: bool) -> int:
     return PROSE
 
 
+def short_unit_copies(threshold: int) -> int:
+    """Back-to-back copies of a short unit of lines that make a chant: four fifths of the threshold, rounded up
+    (8 at 10; 4 at the strict preset's 5), at least 2."""
+    return max(2, (4 * threshold + 4) // 5)
+
+
 def kept_characters(chunk_size: int, max_threshold: int) -> int:
     """The counted text kept after a trim: enough for `max_threshold` occurrences at the widest allowed
     spacing, plus the window itself."""
@@ -150,6 +170,17 @@ class LineRuns:
         other._where = {line: places[:] for line, places in self._where.items()}
         return other
 
+    def _short_unit(self, same: dict, chunk_size: int, copies: int) -> Chant | None:
+        """The shortest unit of 2 to SHORT_UNIT_LINES short lines said `copies` times back to back, ending with the
+        line just completed (its lines, together, under SHORT_UNIT_CHUNKS chunk sizes)."""
+        for b in range(2, SHORT_UNIT_LINES + 1):
+            run = same.get(b, 0)
+            if run >= (copies - 1) * b:
+                unit = self._lines[-b:]
+                if sum(len(each) + 1 for each in unit) - 1 < SHORT_UNIT_CHUNKS * chunk_size:
+                    return Chant("\n".join(unit), run // b + 1)
+        return None
+
     def end_line(self, kind: int, parts: list[str], too_long: bool, chunk_size: int, threshold: int) -> Chant | None:
         """The rules for the line just completed (its kind, and its pieces when it is prose): a short line said
         `threshold` times back to back, a block repeated BLOCK_COPIES times. A blank line is skipped; a line other
@@ -181,6 +212,10 @@ class LineRuns:
         # The same short line back to back: itself and the `threshold - 1` before it.
         if line is not None and len(line) < chunk_size and same.get(1, 0) + 1 >= max(threshold, 2):
             return Chant(line, same[1] + 1)
+        if line is not None and len(same) and min(same) <= SHORT_UNIT_LINES:
+            found = self._short_unit(same, chunk_size, short_unit_copies(threshold))
+            if found is not None:
+                return found
         blocks = [b for b, run in same.items() if b >= BLOCK_LINES and run >= (BLOCK_COPIES - 1) * b]
         if blocks:
             b = min(blocks)  # the block itself, not a run of its copies
