@@ -9,7 +9,10 @@ cannot tell that agent from a model answering once with several calls; for the l
 calls at once, and where they complete the stop, it logs only the stop. The same engine
 folds each request; what is logged follows observe mode's rules (a warning when a request would first carry
 it, a stop once, a chant where a streamed answer would have been cut, nothing after a task's stop), so replay
-and a live proxy in observe mode find the same episodes.
+and a live proxy in observe mode find the same episodes. The reasoning a recorded assistant turn carries (chat
+`reasoning_content` or `reasoning`, Messages thinking blocks, Gemini thought parts, Responses reasoning items) is
+read as the proxy read it when the answer came: before the turn's text, cut where it chants in a streamed
+answer, and remembered for the next requests in a whole one.
 No I/O but reading the files.
 """
 
@@ -21,21 +24,24 @@ from typing import Iterator
 
 import orjson
 
-from proxy.conversation import ASSISTANT, TOOL, Message, from_record, model_text
+from proxy.conversation import ASSISTANT, TOOL, Conversation, Message, from_record, model_text
 from proxy.detect.actions import Action
 from proxy.detect.engine import (
     Decision,
     DetectConfig,
     Episode,
     ResponseWatcher,
+    TaskState,
+    UnseenChant,
     analyze,
     answer_action,
     episodes,
     fingerprints_of,
     own_reply,
 )
-from proxy.wire import recorded_dialect
-from proxy.wire.dialect import RequestError
+from proxy.inspection import UNSEEN_PER_SESSION
+from proxy.wire import OPENAI, recorded_dialect
+from proxy.wire.dialect import Dialect, RequestError
 
 
 @dataclass
@@ -44,6 +50,7 @@ class Record:
     messages: list[Message]
     streamed: bool  # the answers were streamed: a chant would have been cut as it came
     model: str | None = None  # for the model's policy
+    reasoning: dict[int, str] = field(default_factory=dict)  # by an assistant message's index: its reasoning
 
 
 @dataclass
@@ -60,7 +67,9 @@ class Replayed:
 def _record(value: object, source: str) -> Record:
     if isinstance(value, list):
         if value and all(isinstance(m, dict) and "role" in m for m in value):
-            return Record(source, [from_record(m) for m in value], False)
+            reasoning = {index: OPENAI.recorded_reasoning(m) for index, m in enumerate(value)}
+            return Record(source, [from_record(m) for m in value], False,
+                          reasoning={index: text for index, text in reasoning.items() if text})
         raise RequestError("a list must hold the conversation's messages (objects with a role)")
     if not isinstance(value, dict):
         raise RequestError("expected a request body (`messages` or `input`) or a list of messages")
@@ -69,7 +78,27 @@ def _record(value: object, source: str) -> Record:
         raise RequestError("neither `messages` (chat completions, Messages) nor `input` (Responses) in this record")
     streamed = value.get("stream") is True
     model = value.get("model") if isinstance(value.get("model"), str) else None
-    return Record(source, dialect.read(value).messages, streamed, model)
+    conversation = dialect.read(value)
+    return Record(source, conversation.messages, streamed, model, _reasoning_by_turn(dialect, value, conversation))
+
+
+def _reasoning_by_turn(dialect: Dialect, value: dict, conversation: Conversation) -> dict[int, str]:
+    """The reasoning each recorded assistant turn carries, by its message's index: what the items read into that
+    message (those after the message before it) hold."""
+    items = value.get(dialect.items_key)
+    if not isinstance(items, list):
+        return {}
+    found: dict[int, str] = {}
+    messages, anchors, own = conversation.messages, conversation.anchors, conversation.own_start
+    start = 0
+    for index in range(own, len(messages)):
+        end = anchors[index - own].item if anchors is not None else index - own + 1  # past its items
+        if messages[index].role == ASSISTANT:
+            text = "".join(dialect.recorded_reasoning(item) for item in items[start:end] if isinstance(item, dict))
+            if text:
+                found[index] = text
+        start = max(start, end)
+    return found
 
 
 def _files(paths: list[str]) -> Iterator[Path]:
@@ -122,6 +151,7 @@ def replay(config: DetectConfig, record: Record) -> Replayed:
     logged: set[tuple] = set()
     cache = None
     fingerprints = fingerprints_of(messages)  # once: every request is a prefix of the record
+    unseen: list[UnseenChant] = []  # chants in whole answers' reasoning, as the proxy remembers them
 
     def log(task: str, episode: Episode, action: Action | None) -> None:
         key = (task, episode.message_index, episode.step)
@@ -133,7 +163,7 @@ def replay(config: DetectConfig, record: Record) -> Replayed:
     for end in ends:
         request = messages[:end]
         state, cache = analyze(config, request, 0, cache, fingerprints[:end])
-        decision = Decision(episodes(config, state))
+        decision = Decision(episodes(config, state, unseen=unseen))
         for episode, action in decision.logged():  # as the proxy logs the request
             log(state.key, episode, action)
         if end < len(messages) and len(messages[end].calls) > 1:
@@ -142,18 +172,38 @@ def replay(config: DetectConfig, record: Record) -> Replayed:
             for steps in range(1, len(messages[end].calls)):
                 partial = _after_steps(messages, end, steps)
                 # The fold advances the state it is given: this request's fold goes on from a copy.
-                state, _ = analyze(config, partial, 0, replace(cache, state=cache.state.clone()))
-                for episode, action in Decision(episodes(config, state)).logged():
-                    log(state.key, episode, action)
-        if record.streamed and end < len(messages):
-            watcher = ResponseWatcher(config, state.clone(), decision, len(request), False)
-            text = model_text(messages[end])[0]
-            found = watcher.text(text) if text else None
-            if found is None and messages[end].calls:
-                found = watcher.tool_call_started()  # a call ends the text before it, as it streams in
+                after, _ = analyze(config, partial, 0, replace(cache, state=cache.state.clone()))
+                for episode, action in Decision(episodes(config, after, unseen=unseen)).logged():
+                    log(after.key, episode, action)
+        if end < len(messages):  # the answer to this request, as the proxy read it
+            found = _read_answer(config, record, state, decision, end, unseen)
             if found is not None:
                 log(state.key, found, answer_action(found))
     return result
+
+
+def _read_answer(config: DetectConfig, record: Record, state: TaskState, decision: Decision, at: int,
+                 unseen: list[UnseenChant]) -> Episode | None:
+    """The assistant's turn at `at` as the proxy read it when it came. Streamed: its reasoning, then its text, and
+    the episode where the stream would have been cut. Whole: a chant in its reasoning, remembered as the proxy
+    remembers it for the session's next requests (`unseen`)."""
+    message = record.messages[at]
+    reasoning = record.reasoning.get(at, "")
+    if not (record.streamed or reasoning):
+        return None
+    watcher = ResponseWatcher(config, state.clone(), decision, at, False)
+    if not record.streamed:
+        found = watcher.reasoning(reasoning)
+        if found is not None:
+            unseen[:] = [*unseen[-(UNSEEN_PER_SESSION - 1):], watcher.unseen(found, message)]
+        return None
+    found = watcher.reasoning(reasoning) if reasoning else None
+    text = model_text(message)[0]
+    if found is None and text:
+        found = watcher.text(text)
+    if found is None and message.calls:
+        found = watcher.tool_call_started()  # a call ends the text before it, as it streams in
+    return found
 
 
 def _after_steps(messages: list[Message], at: int, steps: int) -> list[Message]:

@@ -182,6 +182,10 @@ class ChatDialect(OpenAIDialect):
         return _message_reasoning(message) + think
 
     @staticmethod
+    def recorded_reasoning(item: dict) -> str:
+        return _message_reasoning(item) if item.get("role") == ASSISTANT else ""
+
+    @staticmethod
     def stream() -> "ChatStream":
         return ChatStream()
 

@@ -136,6 +136,10 @@ class Dialect(Protocol):
     def reasoning(self, body: dict) -> str:
         """The reasoning text of a non-streamed answer."""
 
+    def recorded_reasoning(self, item: dict) -> str:
+        """The reasoning one item of a recorded conversation holds (an assistant message's, or a reasoning item).
+        Replay reads it as the proxy read the answer when it came; the rules never read it in a request."""
+
     def forwardable(self, payload: dict, checked: int = 0) -> dict | None:
         """The request as it may go upstream, where something the client sent back must be left out (a thinking
         block the proxy cut, which the service would refuse); None when it goes as it came. (`checked`: its

@@ -264,6 +264,10 @@ class GeminiDialect(DialectDefaults):
         return ""
 
     @staticmethod
+    def recorded_reasoning(item: dict) -> str:
+        return _thought_text(_parts(item)) if item.get("role") == "model" else ""
+
+    @staticmethod
     def stream() -> "GeminiStream":
         return GeminiStream()
 

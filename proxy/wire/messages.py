@@ -215,6 +215,10 @@ class MessagesDialect(DialectDefaults):
         return _thinking_text(content) if isinstance(content, list) else ""
 
     @staticmethod
+    def recorded_reasoning(item: dict) -> str:
+        return _thinking_text(_blocks(item)) if item.get("role") == ASSISTANT else ""
+
+    @staticmethod
     def forwardable(payload: dict, checked: int = 0) -> dict | None:
         """The request without the unsigned thinking blocks of its assistant messages (a stream the proxy cut
         inside the thinking left one; the service answers 400 to it). None when it has none. A message left with

@@ -151,6 +151,10 @@ class ResponsesDialect(OpenAIDialect):
                        and item.get("type") == "reasoning") if isinstance(output, list) else ""
 
     @staticmethod
+    def recorded_reasoning(item: dict) -> str:
+        return reasoning_of(item) if item.get("type") == "reasoning" else ""
+
+    @staticmethod
     def stream() -> "ResponsesStream":
         return ResponsesStream()
 
