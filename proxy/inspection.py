@@ -38,6 +38,7 @@ from proxy.detect.engine import (
     ends_task,
     episodes,
     fingerprints_of,
+    late_episodes,
     system_text,
 )
 from proxy.detect.judge_policy import JudgeCheck, check_due
@@ -381,6 +382,8 @@ class Inspector:
                                      unseen=flow.memory.unseen))
         context = Context(flow.tenant, flow.session_id, state.key, flow.model, incoming.dialect.name,
                           not flow.observe)
+        if state.ended is not None and not state.turns:  # a person's message has just ended a task
+            self._late(flow, state, context, sink)
         stop = decision.stop
         if stop is not None:
             # A stop saves at least the request it refused (or, observed, would have refused).
@@ -402,6 +405,17 @@ class Inspector:
                 lambda: self._resume_link(flow.tenant, flow.session_id, state.key, incoming.origin)))
 
         return Forward(flow.body, flow.answer_headers, tap, self._judge_due(flow, state, checks, context))
+
+    @staticmethod
+    def _late(flow: Flow, state: Any, context: Context, sink: EpisodeSink) -> None:
+        """What the last turn of the task just ended found, that no request of it carried: logged under that
+        task, as found too late to act on."""
+        late = late_episodes(flow.config, state, plan_mode=flow.plan_mode, unseen=flow.memory.unseen)
+        if late:
+            ended = Context(context.tenant, context.session_id, state.ended.key, context.model, context.api,
+                            context.enforced)
+            for episode in late:
+                sink.episode(ended, episode, Action.LATE, None, 0)
 
     def _read(self, incoming: Incoming) -> Flow:
         """The request's payload as it may go upstream, and its conversation, read from what the conversation's

@@ -37,6 +37,7 @@ from proxy.detect.engine import (
     answer_action,
     episodes,
     fingerprints_of,
+    late_episodes,
     own_reply,
 )
 from proxy.inspection import UNSEEN_PER_SESSION
@@ -164,6 +165,9 @@ def replay(config: DetectConfig, record: Record) -> Replayed:
         request = messages[:end]
         state, cache = analyze(config, request, 0, cache, fingerprints[:end])
         decision = Decision(episodes(config, state, unseen=unseen))
+        if state.ended is not None:  # what the task a person's message just ended found too late
+            for episode in late_episodes(config, state, unseen=unseen):
+                log(state.ended.key, episode, Action.LATE)
         for episode, action in decision.logged():  # as the proxy logs the request
             log(state.key, episode, action)
         if end < len(messages) and len(messages[end].calls) > 1:

@@ -76,6 +76,10 @@ HEALTHY = {
     "a numbered list of the same step": "".join(f"{i}. read_file\n{i + 1}. OK\n" for i in range(1, 30, 2)),
     "a table with repeated rows and separators": "| step | tool | result |\n|---|---|---|\n" + (
         "| check | read_file | OK |\n|---|---|---|\n" * 12),
+    "a summary table with a wide notes column": (
+        "## Summary Table\n\n| Area | Status | Notes/Suggestions" + " " * 66 + "|\n"
+        "|---------------------|-------------|" + "-" * 83 + "|\n"
+        "| Objective | ✅ Clear | |\n| Breakdown | ✅ Good | Split the CLI flags from the prompts. |\n"),
     "a log quoted in a code block": "The service log shows the retries:\n```\n" + (
         "Retrying connection to db:5432...\nConnection refused\n" * 12) + "```\nThe database is down.\n",
     "repeated code lines": "```js\nimport x from 'x'\n" + "  }\n}\n" * 12 + "import y from 'y'\n" * 10 + "```\n",

@@ -16,8 +16,8 @@ this matcher and the plain one to the same verdicts.
 import os
 
 from proxy.detect import content_rule as rule
-from proxy.detect.content_rule import (_DIVIDER_CHARS, _HEADING, _LIST_NUMBER, CLASSIFY_WITHIN, DEGENERATE_CHARS,
-                                       GAP_CHUNKS, LINE_LIMIT, Chant)
+from proxy.detect.content_rule import (_DIVIDER_CHARS, _HEADING, _LIST_NUMBER, _TABLE_RULE_CHARS, CLASSIFY_WITHIN,
+                                       DEGENERATE_CHARS, GAP_CHUNKS, LINE_LIMIT, Chant)
 
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_4BYTE_KIND, PyUnicode_FromKindAndData
@@ -81,6 +81,10 @@ cdef int _classify(str line, bint complete, bint in_code) except -2:
     if not s:
         return PROSE
     first = s[0]
+    if first == "|" and all(c in _TABLE_RULE_CHARS for c in s):  # a table's separator row, `|---|:--:|`, so far
+        if not complete:
+            return UNKNOWN
+        return DIVIDER if "-" in s else STRUCTURE
     if first in "|>":
         return STRUCTURE
     if first == "#":

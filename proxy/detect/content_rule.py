@@ -6,8 +6,8 @@ Both give the same verdict at the same `feed` call, whatever the text and howeve
 
 1. Lines. Every line is classified from its own characters, never from how deltas fell (`classify`):
    a fence (```` ``` ````, `~~~`) toggles code and is not counted; a line in code is not counted; a
-   divider (a line of 3 or more `-_=*~+^` and box-drawing characters, or of one other symbol repeated)
-   restarts the tracking and is not counted; a list item, heading, quote or table row restarts the
+   divider (a line of 3 or more `-_=*~+^` and box-drawing characters, or of one other symbol repeated, or a
+   table's separator row `|---|:--:|`) restarts the tracking and is not counted; a list item, heading, quote or table row restarts the
    tracking and is counted; anything else is prose, counted. A line's kind is decided by its first
    CLASSIFY_WITHIN characters at most.
 2. Counted text. White space is folded: a run of it counts once (its first character), and none counts
@@ -89,6 +89,8 @@ _DIVIDER_CHARS = frozenset("-_=*~+^") | frozenset(chr(c) for c in range(0x2500, 
 _LIST_NUMBER = re.compile(r"\d{1,9}[.)]")
 _HEADING = re.compile(r"#{1,6}(?:[ \t]|$)")
 _BLANK = frozenset(" \n\t\r")  # the white space that is folded
+# A markdown table's separator row (`|---|:---:|`, however wide its cells) is a divider: no text of its own.
+_TABLE_RULE_CHARS = frozenset("|-:+ \t")
 
 
 def classify(line: str, complete: bool, in_code: bool) -> int:
@@ -107,6 +109,10 @@ def classify(line: str, complete: bool, in_code: bool) -> int:
     if not s:
         return PROSE
     first = s[0]
+    if first == "|" and all(c in _TABLE_RULE_CHARS for c in s):  # a table's separator row, `|---|:--:|`, so far
+        if not complete:
+            return UNKNOWN
+        return DIVIDER if "-" in s else STRUCTURE
     if first in "|>":
         return STRUCTURE
     if first == "#":

@@ -175,11 +175,12 @@ class TaskState:
     borrowers: int = 0  # response watchers that will read this state as it is, should they need it (copied then)
     reply: bytes | None = None  # the form of the last turn's reply, when it was a reply without an action
     replies: int = 0  # consecutive turns that gave it
+    ended: "TaskState | None" = None  # the task a person's message ended to open this one (`late_episodes`)
 
     def clone(self) -> "TaskState":
         return TaskState(self.start, self.key, self.tools.clone(), self.content.clone(), self.turns,
                          self.anchored, list(self.findings), list(self.turn_places), set(self.harness),
-                         self.before, 0, self.reply, self.replies)
+                         self.before, 0, self.reply, self.replies, self.ended)
 
     def anchor(self, first_turn: Message) -> None:
         """Name this run of the task by its first assistant turn's first call id: a rerun of the same
@@ -654,7 +655,9 @@ def _person_text(config: DetectConfig, state: TaskState, messages: list[Message]
     """A user's text at `j`: the task it opens (after an assistant's text that may have opened one, the task
     before it is kept, in case this text is the harness answering)."""
     text = messages[j].text
+    ended = _ended(state)
     state = _new_task(config, messages, j + 1, state)
+    state.ended = ended
     if opening is not None and opening[1] == j:
         state.before = (opening[0], opening[2], _harness_key(text))
         state.harness.add(state.before[2])  # if it comes again, it is the harness talking
@@ -877,6 +880,29 @@ def _add_trip(trips_at: dict, state: TaskState, turn_index: int, trip: Evidence)
     elif all(each.type != trip.type for each in found[1]):
         found[1].append(trip)
         found[1].sort(key=lambda each: TYPES.index(each.type))
+
+
+def _ended(task: TaskState) -> TaskState | None:
+    """What a task a person's message ends keeps for `late_episodes`: its key, findings and turns (none of its
+    trackers, nor the task it ended in turn)."""
+    if not task.turns:
+        return None
+    return TaskState(task.start, task.key, None, None, task.turns, task.anchored, task.findings, task.turn_places)
+
+
+def late_episodes(config: DetectConfig, state: TaskState, *, plan_mode: bool = False,
+                  unseen: Sequence[UnseenChant] = ()) -> list[Episode]:
+    """A chant in the last turn of the task a person's message has just ended (a whole answer's text or reasoning,
+    the person writing next): no request of that task carried its warning, and the new task does not, yet it was
+    a detection. Its episode as that task numbers it, asked on the new task's first request (no turn yet); a chant
+    the proxy cut, or one past the task's stop, was logged then or logs nothing."""
+    ended = state.ended
+    if ended is None or state.turns:
+        return []
+    last = ended.turn_places[-1][0]
+    return [episode for episode in episodes(config, ended, plan_mode=plan_mode, unseen=unseen)
+            if episode.message_index == last and episode.type == "content" and not episode.was_cut
+            and not episode.after_stop]
 
 
 class Decision:

@@ -44,7 +44,9 @@ def alert_payload(record: dict, public_url: str | None, resume_url: str | None =
     # The detection's id, once the log has it: what `loopwarden mark ID` and the page's buttons take.
     detection = record.get("id")
     numbered = f"detection {detection}, " if detection is not None else ""
-    text = (f"loopwarden {record['action']} a {record['type']} loop ({_slack(what)}, {numbered}episode {episode}, "
+    did = f"found, too late to act on, a {record['type']} loop" if record["action"] == Action.LATE else \
+        f"{record['action']} a {record['type']} loop"
+    text = (f"loopwarden {did} ({_slack(what)}, {numbered}episode {episode}, "
             f"turn {record['turn']}) in session {_slack(record['session_id'])}{observed}"
             + (f": {_slack(evidence)}" if evidence else "") + (f" ({strength} evidence)" if strength else "")
             + (f" — {link}" if link else "")

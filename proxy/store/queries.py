@@ -404,6 +404,8 @@ def shown(row: Any) -> str:
         return stop_text(told)
     if row.action == Action.CUT:
         return cut_notice(told).strip() if isinstance(evidence, Chanting) else ""
+    if row.action == Action.LATE:
+        return ""  # found once its task had ended: nothing was said
     return warning_text(told)
 
 
