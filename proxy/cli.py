@@ -160,11 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(name).setLevel(level)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     if args.command == "serve":
-        # A stop asked for while starting (importing, migrating, building the app) is held until the start can
-        # end quietly, then ends the process with exit 0: raised anywhere earlier, it could land in a
-        # migration step (rolled back with a traceback) or in an import's cleanup (swallowed there, and the
-        # process would go on to serve). Once serving, aiohttp's own handler shuts the server down gracefully.
-        signal.signal(signal.SIGTERM, _stop_before_serving)
+        # A stop asked for while starting (importing, migrating, building the app) is held until aiohttp's
+        # handler takes it and shuts the server down gracefully (exit 0): taken any earlier, it could land in a
+        # migration step (rolled back with a traceback) or in a collector's callback (printed and dropped there,
+        # and the process would go on to serve).
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     from proxy import commands
     from proxy.store.database import DatabaseUnavailable, run_migrations
@@ -197,8 +196,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"loopwarden: {exc}", file=sys.stderr)
         return EXIT_RUNTIME
     except Exception as exc:  # one line, no traceback: --log-level debug shows it
-        if _stop_asked:  # the stop's SystemExit, wrapped by the code it cut (an import, a descriptor)
-            return 0
         logging.getLogger("loopwarden").debug("command failed", exc_info=True)
         first = str(exc).strip().splitlines()
         print(f"loopwarden: {type(exc).__name__}: {first[0] if first else ''}", file=sys.stderr)
@@ -245,13 +242,10 @@ async def _settle_heap(app) -> None:
     gc.set_threshold(*COLLECTOR_THRESHOLDS)
 
 
-_stop_asked = False
-
-
-def _stop_before_serving(signum, frame) -> None:
-    global _stop_asked
-    _stop_asked = True
-    raise SystemExit(0)
+async def _take_held_stop(app) -> None:
+    """A stop held since the start is taken here, once aiohttp's own handler is in place (it installs it before
+    the startup hooks run)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _serve(settings: Settings, *, migrate: bool, verbose: bool = False) -> int:
@@ -281,7 +275,7 @@ def _serve(settings: Settings, *, migrate: bool, verbose: bool = False) -> int:
         if verbose:
             log.info("built: event loop %s, request path %s", loop_name(settings.event_loop), compiled.describe())
 
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a stop held since the start is taken here
+    app.on_startup.append(_take_held_stop)
     try:
         web.run_app(app, host=settings.host, port=settings.port, shutdown_timeout=settings.shutdown_grace,
                     loop=new_event_loop(settings.event_loop),

@@ -18,6 +18,7 @@ from proxy.config import FIELDS, SECRETS, Settings
 from proxy.detect.actions import Action
 from proxy.detect.engine import DetectConfig
 from proxy.detect.evidence import from_logged, strength_of
+from proxy.detect.ladder import shown
 from proxy.loops import loop_name
 from proxy.replay import read_records, replay as replay_one, summary
 from proxy.store import queries
@@ -80,10 +81,10 @@ async def _detections(engine, args, since) -> str:
 
 
 def _episode(item: dict) -> str:
-    """k/N for a warning (weak evidence may warn past N), "stop" for the stop."""
+    """k/N for a warning (`k (past N)` for weak evidence's warnings past N), "stop" for the stop."""
     if item.get("action") == Action.STOPPED:
         return "stop"
-    return f"{item['episode']}/{item['episode_limit']}"
+    return shown(item["episode"], item["episode_limit"], stopped=False)
 
 
 def _strength(item: dict) -> str:

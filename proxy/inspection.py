@@ -42,6 +42,7 @@ from proxy.detect.engine import (
     system_text,
 )
 from proxy.detect.judge_policy import JudgeCheck, check_due
+from proxy.detect.ladder import shown
 from proxy.detect.normalize import digest
 from proxy.detect.text_steps import person_text
 from proxy.detect.texts import cut_notice, stop_text, warning_text
@@ -508,10 +509,10 @@ class Inspector:
                 raise RequestError(f"the request cannot carry loopwarden's warning: {exc}") from None
         if flow.observe and (stop is not None or warnings):
             flow.answer_headers["X-Loopwarden-Observed"] = f"stop {stop.type}" if stop is not None else \
-                f"{warnings[-1].number}/{warnings[-1].limit} {warnings[-1].type}"
+                f"{shown(warnings[-1].number, warnings[-1].limit, stopped=False)} {warnings[-1].type}"
         elif warnings:
             flow.answer_headers["X-Loopwarden-Warning"] = \
-                f"{warnings[-1].number}/{warnings[-1].limit} {warnings[-1].type}"
+                f"{shown(warnings[-1].number, warnings[-1].limit, stopped=False)} {warnings[-1].type}"
         return inserted
 
     def _warned(self, flow: Flow, decision: Decision, context: Context, sink: EpisodeSink) -> Episode | None:
@@ -733,7 +734,7 @@ class Tap:
         self._sink.episode(self.context, episode, action, self.request_id, saved,
                            served_by=assembler.response_id if notice and not episode.is_stop else None)
         ending = assembler.cut_ending({"loop": episode.type, "action": action,
-                                       "episode": f"{episode.number}/{episode.limit}"}, notice)
+                                       "episode": shown(episode.number, episode.limit, episode.is_stop)}, notice)
         if self._keep is not None:
             message = assembler.message()
             self._keep_answer(Message(message.role, assembler.text + (notice or ""), message.calls),

@@ -98,7 +98,10 @@ def test_the_strength_is_shown_by_the_alert_the_cli_and_the_api():
     alert = alert_payload(row, None)
     assert alert["strength"] == "weak" and "(weak evidence)" in alert["text"]
     # A weak warning past the warnings allowed is a warning, shown as such; the stop is the stop.
-    assert (_episode(row), _strength(row)) == ("3/2", "weak")
+    assert (_episode(row), _strength(row)) == ("3 (past 2)", "weak")
+    assert "episode 3 (past 2)" in alert["text"]
+    stopped = alert_payload({**row, "action": "stopped", "detail": EVIDENCE[4].logged()}, None)
+    assert "episode 3/2" in stopped["text"]
     assert _episode({**row, "action": "stopped", "detail": EVIDENCE[4].logged()}) == "stop"
     assert _strength({**row, "detail": EVIDENCE[4].logged()}) == "strong"  # logged before it was recorded
     api = detection_dict(SimpleNamespace(id=1, created_at=None, task="k", request_id=None, recovered=False,

@@ -117,12 +117,20 @@ def test_a_format_error_recurring_far_apart_with_work_between_is_no_loop():
     assert found(conversation(user(PR), *run)) == []
 
 
-def test_a_format_error_answering_steps_close_together_is_still_a_loop():
+def test_a_format_error_answering_steps_back_to_back_is_still_a_loop():
     rejected = {n: ("cd /testbed && python reproduce.py", f"cd /testbed && sed -n '{n},{n + 9}p' card.py")
                 for n in (5, 6, 7)}
-    run = text_run(6, {5: rejected[5]}) + [
-        turn for n in (6, 7) for turn in (acted("Both again.", *rejected[n]), user(FORMAT_ERROR.format(2)))]
+    run = text_run(5, {}) + [
+        turn for n in (5, 6, 7) for turn in (acted("Both again.", *rejected[n]), user(FORMAT_ERROR.format(2)))]
     assert [kind for kind, _ in found(conversation(user(PR), *run))] == ["tool_error"]
+
+
+def test_a_format_error_every_other_reply_each_followed_by_a_valid_step_is_no_loop():
+    # Gemini 3 Pro in mini-swe-agent: two blocks (a code excerpt quoted, then the command) every few replies; the
+    # next reply sends the command alone and the work goes on. The rejected messages start alike.
+    run = text_run(16, {n: ("cd /testbed && python reproduce.py", f"cd /testbed && sed -n '{n},{n + 9}p' card.py")
+                        for n in range(2, 16, 2)})
+    assert found(conversation(user(PR), *run)) == []
 
 
 # -- 3. searches with a new pattern each time, finding nothing --------------------------------------------------

@@ -28,7 +28,12 @@ async def serving(database_url: str, upstream_url: str, log_level: str = "warnin
 async def stopped(process) -> str:
     """Stop with SIGTERM; what the process wrote to stderr."""
     process.send_signal(signal.SIGTERM)
-    _, stderr = await asyncio.to_thread(process.communicate, timeout=30)
+    try:
+        _, stderr = await asyncio.to_thread(process.communicate, timeout=30)
+    except Exception:  # still running: killed and reaped here, so that the failure is this test's alone
+        process.kill()
+        process.communicate()
+        raise
     return stderr.decode()
 
 

@@ -87,8 +87,8 @@ async def every_dialect(upstream, proxy_factory):
 async def test_weak_evidence_warns_but_never_stops_a_task(every_dialect, dialect):
     answers = await run(every_dialect, dialect, WEAK)
     assert [status for status, _ in answers] == [200] * len(WEAK)
-    assert [warned for _, warned in answers] == ["", "", "1/2 tool_error", "2/2 tool_error", "3/2 tool_error",
-                                                 "4/2 tool_error", "5/2 tool_error", "6/2 tool_error"]
+    assert [warned for _, warned in answers] == ["", "", "1/2 tool_error", "2/2 tool_error"] + [
+        f"{k} (past 2) tool_error" for k in range(3, 7)]  # warnings past the two allowed, not read as a stop
 
 
 @pytest.mark.parametrize("dialect", list(DIALECTS))

@@ -58,3 +58,10 @@ def judge_agrees(trips: Sequence[Trip]) -> bool:
 def last_warning(number: int, limit: int, strength: str) -> bool:
     """Whether a warning may say it is the last: the next episode would stop, if it repeats this evidence."""
     return number == limit and STOPS[strength, False]
+
+
+def shown(number: int, limit: int, stopped: bool) -> str:
+    """An episode's place on the ladder as people read it: `k/N` for the k-th of N warnings and for the stop that
+    follows them (`3/2`); a warning past them, which only weak evidence gives, `k (past N)`, so that it does not
+    read as a stop."""
+    return f"{number} (past {limit})" if number > limit and not stopped else f"{number}/{limit}"

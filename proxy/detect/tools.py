@@ -306,9 +306,10 @@ def _reworded(words: frozenset[str], before: "list[frozenset[str]]") -> bool:
     return any(len(words & other) >= SAME_SEARCH * len(words | other) for other in before)
 
 
-# A harness's format error answering steps this many successful calls apart recurs far apart: the agent recovered
-# each time. Closer together it counts.
-FAR_APART = 10
+# A harness's format error answering steps with this many successful calls between recurs apart: the agent
+# recovered each time (Gemini 3 sends two blocks every few replies and goes on with the next). Back to back, with
+# nothing run between, it counts.
+FAR_APART = 1
 # The calls a task ran, kept to tell a new call from one run before; past this many, every call counts as run
 # before (the stricter reading).
 RAN_KEPT = 4096
@@ -329,7 +330,8 @@ class ToolTracker:
         # The results the identical calls in a row got so far: a result that comes back to one of them is no news
         # (a search whose ranking jitters, a status that flips back), so it does not start the streak again.
         self._answers: set[bytes] = set()
-        self._errors: dict[tuple[str, str], int] = {}
+        # (call, error) -> how many times that call failed so, and the task's successes when it last did
+        self._errors: dict[tuple[str, str], tuple[int, int]] = {}
         self._tool_errors: dict[tuple[str, str | None], _ToolError] = {}  # (tool, error) -> the calls it answered
         self._error_run = 0  # consecutive calls answered by one and the same error
         self._error_calls: list[Call] = []  # the last of them, for the evidence
@@ -395,8 +397,11 @@ class ToolTracker:
                         found.append(ToolFinding("tool_cycle", cycle, blind[k] // k + 1, same_result=False))
                         break
         if call.error is not None:
-            count = self._errors.get((call.key, call.error), 0) + 1
-            self._errors[(call.key, call.error)] = count
+            count, successes = self._errors.get((call.key, call.error), (0, 0))
+            if call.rejected and self._successes - successes >= FAR_APART:
+                count = 0  # the harness refused it before, and the agent recovered and worked on: a slip, again
+            count += 1
+            self._errors[(call.key, call.error)] = (count, self._successes)
             if count >= error_repeats:
                 found.append(ToolFinding("tool_error", (call,), count))
             else:

@@ -13,6 +13,7 @@ import aiohttp
 import orjson
 
 from proxy.detect.evidence import from_logged, strength_of
+from proxy.detect.ladder import shown
 from proxy.detect.actions import Action
 
 log = logging.getLogger("loopwarden.alerts")
@@ -36,7 +37,7 @@ def alert_payload(record: dict, public_url: str | None, resume_url: str | None =
     tool = getattr(found, "tool", None)
     what = f"`{tool}`" if tool else record["type"]
     link = f"{public_url.rstrip('/')}/loopwarden/#open={quote(record['session_id'], safe='')}" if public_url else None
-    episode = f"{record['episode']}/{record['episode_limit']}"
+    episode = shown(record["episode"], record["episode_limit"], record["action"] == Action.STOPPED)
     strength = strength_of(record["type"], detail)
     observed = "" if record["enforced"] else " (observe mode: nothing changed)"
     # Slack reads `<...>` as markup (`<!here>` pings a channel, `<url|text>` is a link): a client's words are

@@ -9,6 +9,7 @@ import asyncio
 from typing import Mapping
 
 from proxy.detect.engine import Episode
+from proxy.detect.ladder import shown
 from proxy.wire.dialect import Summary
 
 
@@ -76,7 +77,7 @@ class Telemetry:
         """One event per loop episode served on this request, with the key its detection is found by (the
         detection's id is drawn by the log later: `/loopwarden/api/detections?episode_key=...` gives it)."""
         span.add_event("loopwarden.loop", {"loopwarden.type": episode.type, "loopwarden.action": action,
-                                           "loopwarden.episode": f"{episode.number}/{episode.limit}",
+                                           "loopwarden.episode": shown(episode.number, episode.limit, episode.is_stop),
                                            "loopwarden.evidence": episode.evidence.gist()[:300],
                                            "loopwarden.enforced": enforced, "loopwarden.episode_key": key})
 

@@ -51,7 +51,11 @@ function askForToken(message) {
 
 function time(iso) { return iso ? new Date(iso).toLocaleString() : ""; }
 
-function episodeLabel(d) { return d.action === "stopped" ? "stop" : `${d.episode}/${d.episode_limit}`; }
+// As the CLI shows it: a warning past the allowed ones (weak evidence only) must not read as a stop.
+function episodeLabel(d) {
+  if (d.action === "stopped") return "stop";
+  return d.episode > d.episode_limit ? `${d.episode} (past ${d.episode_limit})` : `${d.episode}/${d.episode_limit}`;
+}
 // How strong the evidence was: strong evidence may stop a task, weak evidence only warns, judged is the judge's.
 function strengthLabel(d) { return d.strength || (d.detail && d.detail.strength) || ""; }
 
