@@ -38,7 +38,8 @@ from proxy.detect.text_steps import (
     trajectory,
     without_reminder,
 )
-from proxy.detect.tools import ERROR_REPEATS, Call, ToolFinding, ToolTracker, changes_a_file, is_edit
+from proxy.detect.tools import (ERROR_REPEATS, Call, ToolFinding, ToolTracker, changes_a_file, is_edit, is_standing,
+                                missing_program, names_missing_program)
 from proxy.conversation import (  # noqa: F401 (the prefixes are the engine's vocabulary too)
     ASSISTANT,
     CUT_NOTICE_PREFIX,
@@ -255,8 +256,11 @@ def _call(name: str, arguments: str, outcome: tuple[str, bool] | None, rejected:
     text, marked = outcome
     if not (marked or is_error_form(text)):
         return Call(name, arguments, text, said=said)
-    masked = without_echo(mask(text), arguments)
-    if is_negative_answer(masked):  # told by its first sentence: the suggestions after it change each search
+    masked = mask(text)
+    missing = names_missing_program(masked, name, arguments)
+    if missing is None:  # a missing program's name is no echo of the call, nor a search finding nothing
+        masked = without_echo(masked, arguments)
+    if missing is None and is_negative_answer(masked):  # told by its first sentence: the suggestions after it change each search
         return Call(name, arguments, text, first_sentence(masked), negative=True, rejected=rejected, said=said)
     return Call(name, arguments, text, error_text(masked), rejected=rejected, said=said)
 
@@ -483,9 +487,18 @@ def _tool_evidence(found: ToolFinding) -> Evidence:
         # Its start and its end: where a traceback's exception and a test run's summary are.
         error = error if len(error) <= 200 else f"{error[:80]} … {error[-115:]}"
         differed = len({c.key for c in found.calls}) > 1  # one error answering different calls
-        alike = differed and len({_numbers_aside(c.key) for c in found.calls}) == 1
+        # Calls alike but for their numbers are one call made again, unless the error says every further attempt
+        # fails alike: then each is a new call (the next file to download) meeting the same wall, weak evidence.
+        # A program that does not exist never ran, whatever it was given: its calls are one call.
+        alike = differed and (len({missing_program(c) for c in found.calls} - {None}) == 1
+                              and all(missing_program(c) for c in found.calls)
+                              or len({_numbers_aside(c.key) for c in found.calls}) == 1
+                              and not is_standing(first.error or ""))
         return RepeatedError(**call, error=error, calls=tuple((c.name, excerpt(c.arguments, 60))
                                                               for c in found.calls) if differed else (), alike=alike)
+    if found.idle:  # calls that each did nothing, in whatever form
+        call["arguments"] = excerpt("; ".join(c.arguments for c in found.calls), 120)
+        return RepeatedCall(**call, same_result=False, idle=True)
     return RepeatedCall(**call, same_result=found.same_result)
 
 
