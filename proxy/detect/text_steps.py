@@ -251,6 +251,9 @@ _OBSERVATION_FRAME = re.compile(r"(?:Observation|OBSERVATION)(?:\x20\d+)?:")  # 
 _XML_RESULT = re.compile(r"\[[a-z][a-z0-9_]{0,63}(?:\x20for\x20[^\n]{0,300}?)?\]\x20Result:")
 _XML_HARNESS_ERROR = "[ERROR] You did not use a tool in your previous response!"
 
+# Aider's linter report, reflected to the model as a user message after an edit (its `lint_edited`).
+_AIDER_LINT = "# Fix any errors below, if possible."
+
 _SWE_AGENT_TAIL = re.compile(r"\(Current directory: [^\n]*\)\s*(?:bash-\$)?\s*\Z")
 
 
@@ -263,6 +266,8 @@ def is_observation(text: str) -> bool:
         return True
     if "SEARCH/REPLACE block" in head and "failed to match" in text[:200]:
         return True  # Aider: `# 1 SEARCH/REPLACE block failed to match!`
+    if head.startswith(_AIDER_LINT):
+        return True  # Aider's linter after an edit: `# Fix any errors below, if possible.`
     tail = text[-300:]
     return "(Current directory: " in tail and _SWE_AGENT_TAIL.search(tail) is not None
 
@@ -270,8 +275,8 @@ def is_observation(text: str) -> bool:
 def observation_failed(text: str) -> bool:
     """An observation whose harness frame says the action failed (beyond what its text's form says)."""
     head = text.lstrip()[:200]
-    return head.startswith(("<exception>", _XML_HARNESS_ERROR)) or ("SEARCH/REPLACE block" in head
-                                                                      and "failed to match" in head)
+    return head.startswith(("<exception>", _XML_HARNESS_ERROR, _AIDER_LINT)) or (
+        "SEARCH/REPLACE block" in head and "failed to match" in head)
 
 
 # What a harness prints when an edit went through or when it takes up the next request (aider's `Applied edit to
