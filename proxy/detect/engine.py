@@ -716,9 +716,9 @@ def _person_text(config: DetectConfig, state: TaskState, messages: list[Message]
 # agent may answer each alike: the same reply, the same failing call, the same hand-off. A person's message that
 # changes nothing of what is asked (the same person, giving no new facts) after the agent answered the person's
 # last two messages alike does not open a task: the loop stays in view, its warnings stay where they were given,
-# before the person's next message, and its count goes on. Another person, new facts (an id, a number, an address
-# not said before), or an answer that ran a call that succeeded (a person asking again on purpose and getting what
-# a lookup found, a poll whose answer is news) start afresh; the same text again is the harness's (SPEC §5).
+# before the person's next message, and its count goes on. Another person, the same ask again in the same words
+# (numbers aside: on purpose, `try it once more`), new facts (an id, a number, an address not said before), or an
+# answer that ran a call that succeeded (a lookup, a poll whose answer is news) start afresh.
 
 PERSON_MARKS_KEPT = 64  # the marks of one answer kept (a long answer's last ones do not count)
 PERSON_FACTS_KEPT = 256  # the facts a conversation's person gave, kept to tell new ones; past this, none is new
@@ -738,11 +738,12 @@ class PersonTurns:
     failed, by its tool and its error (a search that found nothing by the call itself); each hand-off, by the call; each reply, by its form, counted only when no
     call of the answer succeeded), with the marks of its answer to the person's message before."""
 
-    __slots__ = ("name", "at", "marks", "replies", "worked", "earlier", "facts", "before")
+    __slots__ = ("name", "said", "at", "marks", "replies", "worked", "earlier", "facts", "before")
 
-    def __init__(self, name: str | None, at: int, facts: frozenset[str],
+    def __init__(self, name: str | None, said: bytes, at: int, facts: frozenset[str],
                  earlier: frozenset[bytes] = frozenset(), before: "TaskState | None" = None) -> None:
         self.name = name  # the person's name, where the client gives one
+        self.said = said  # what the person said (masked, numbers aside, case folded), as a digest
         self.at = at  # the message's index
         self.marks: set[bytes] = set()
         self.replies: set[bytes] = set()
@@ -752,7 +753,7 @@ class PersonTurns:
         self.before = before  # the task before this message opened this one, while it may be taken up again
 
     def clone(self) -> "PersonTurns":
-        other = PersonTurns(self.name, self.at, self.facts, self.earlier, self.before)
+        other = PersonTurns(self.name, self.said, self.at, self.facts, self.earlier, self.before)
         other.marks, other.replies, other.worked = set(self.marks), set(self.replies), self.worked
         return other
 
@@ -783,6 +784,10 @@ def _facts(text: str) -> frozenset[str]:
     return frozenset(fact.lower() for fact in _FACT.findall(text[:4000]) if len(fact) >= _FACT_LENGTH)
 
 
+def _said(text: str) -> bytes:
+    return digest(reply_form(text))
+
+
 def _person_turns(state: TaskState, messages: list[Message], j: int, before: "TaskState | None" = None
                   ) -> PersonTurns:
     """The person's message at j, after the answer the state holds (the task before, when this message opens a new
@@ -791,29 +796,30 @@ def _person_turns(state: TaskState, messages: list[Message], j: int, before: "Ta
     last = state.persons
     facts = _facts(message.text)
     if last is None:
-        return PersonTurns(message.name, j, facts)
+        return PersonTurns(message.name, _said(message.text), j, facts)
     known = last.facts
     if len(known) < PERSON_FACTS_KEPT:
         known = known | facts
     # The task before may be taken up again unless this message starts afresh on its own account.
-    fresh = message.name != last.name or not facts <= last.facts
+    said = _said(message.text)
+    fresh = message.name != last.name or said == last.said or not facts <= last.facts
     if not fresh:
         last.before = None  # only the task just before is ever taken up again: no chain of tasks is kept
         before = state
-    return PersonTurns(message.name, j, known, last.answer(), before)
+    return PersonTurns(message.name, said, j, known, last.answer(), before)
 
 
 def _keeps_loop(state: TaskState, messages: list[Message], j: int) -> bool:
-    """Whether the person's message at j leaves the task open: the same person, giving no new facts, after the
-    agent answered their last two messages alike. (The same text again is the harness's: SPEC §5.)"""
+    """Whether the person's message at j leaves the task open: the same person, saying something else than the
+    last time (numbers aside) and nothing new, after the agent answered their last two messages alike."""
     last = state.persons
     if last is None or not last.earlier:
         return False
     message = messages[j]
     if message.name != last.name or trajectory(message.text):
         return False
-    if not _facts(message.text) <= last.facts:
-        return False  # new facts given
+    if _said(message.text) == last.said or not _facts(message.text) <= last.facts:
+        return False  # the same ask again (numbers aside), on purpose; or new facts given
     return not last.earlier.isdisjoint(last.answer())
 
 
