@@ -99,8 +99,8 @@ def _summary(item: dict) -> str:
 
 
 async def _stats(engine, args, since) -> str:
-    result = await queries.stats(engine, since)
-    result["complete"] = await queries.counts_complete(engine)
+    complete = await queries.counts_complete(engine)  # asked first, as the API does
+    result = {**await queries.stats(engine, since), "complete": complete}
     if args.format == "json":
         return _json(result)
     rate = result["recovery_rate"]

@@ -292,40 +292,42 @@ async def test_figures_say_they_are_not_whole_until_a_restart_rebuilds_the_count
 
     first = await proxy_factory(upstream.url, database_url=database_url)
     engine = create_engine(database_url)
-    now = utcnow()
-    written = 5_000
-    async with engine.begin() as connection:
-        await connection.execute(insert(Detection), [
-            {**detection(n, created_at=now - timedelta(seconds=n)), "recovered": False, "enforced": True}
-            for n in range(written)])
+    try:
+        now = utcnow()
+        written = 5_000
+        async with engine.begin() as connection:
+            await connection.execute(insert(Detection), [
+                {**detection(n, created_at=now - timedelta(seconds=n)), "recovered": False, "enforced": True}
+                for n in range(written)])
 
-    async def overview(proxy) -> tuple[dict, dict]:
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"{proxy.root}/loopwarden/api/stats") as response:
-                stats = await response.json()
-            async with http.get(f"{proxy.root}/loopwarden/api/timeline", params={"since": "1d"}) as response:
-                return stats, await response.json()
+        async def overview(proxy) -> tuple[dict, dict]:
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{proxy.root}/loopwarden/api/stats") as response:
+                    stats = await response.json()
+                async with http.get(f"{proxy.root}/loopwarden/api/timeline", params={"since": "1d"}) as response:
+                    return stats, await response.json()
 
-    for _ in range(100):  # the running replica's next look at the counts (made in the background) finds out
-        stats, timeline = await overview(first)
-        if not stats["complete"]:
-            break
-        await asyncio.sleep(0.02)
-    assert (stats["complete"], timeline["complete"], stats["detections"]) == (False, False, 0)
-    assert await asyncio.to_thread(main, ["stats", "--database-url", database_url, "--format", "json"]) == 0
-    assert '"complete": false' in capsys.readouterr().out
-    second = await proxy_factory(upstream.url, database_url=database_url)  # a restart: counts rebuilt at start
-    for _ in range(200):
-        stats, timeline = await overview(second)
-        if stats["complete"]:
-            break
-        await asyncio.sleep(0.05)
-    assert stats["complete"] and timeline["complete"] and stats["detections"] == written
-    assert sum(sum(series) for series in timeline["series"].values()) == written
-    for _ in range(100):  # every replica agrees, at its next look
-        stats, _ = await overview(first)
-        if stats["complete"]:
-            break
-        await asyncio.sleep(0.02)
-    assert stats["complete"] and stats["detections"] == written
-    await engine.dispose()
+        for _ in range(100):  # the running replica's next look at the counts (made in the background) finds out
+            stats, timeline = await overview(first)
+            if not stats["complete"]:
+                break
+            await asyncio.sleep(0.02)
+        assert (stats["complete"], timeline["complete"], stats["detections"]) == (False, False, 0)
+        assert await asyncio.to_thread(main, ["stats", "--database-url", database_url, "--format", "json"]) == 0
+        assert '"complete": false' in capsys.readouterr().out
+        second = await proxy_factory(upstream.url, database_url=database_url)  # a restart: counts rebuilt at start
+        for _ in range(200):
+            stats, timeline = await overview(second)
+            if stats["complete"]:
+                break
+            await asyncio.sleep(0.05)
+        assert stats["complete"] and timeline["complete"] and stats["detections"] == written
+        assert sum(sum(series) for series in timeline["series"].values()) == written
+        for _ in range(100):  # every replica agrees, at its next look
+            stats, _ = await overview(first)
+            if stats["complete"]:
+                break
+            await asyncio.sleep(0.02)
+        assert stats["complete"] and stats["detections"] == written
+    finally:  # disposed whatever happens, so a failure here leaks no connection into later tests
+        await engine.dispose()

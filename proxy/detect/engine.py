@@ -33,11 +33,13 @@ from proxy.detect.text_steps import (
     observation_failed,
     observation_text,
     read_actions,
+    spoken_action,
     task_text,
     trajectory,
     without_reminder,
 )
-from proxy.detect.tools import ERROR_REPEATS, Call, ToolFinding, ToolTracker, changes_a_file, is_edit
+from proxy.detect.tools import (ERROR_REPEATS, Call, ToolFinding, ToolTracker, changes_a_file, is_edit, is_standing,
+                                missing_program, names_missing_program)
 from proxy.conversation import (  # noqa: F401 (the prefixes are the engine's vocabulary too)
     ASSISTANT,
     CUT_NOTICE_PREFIX,
@@ -175,12 +177,17 @@ class TaskState:
     borrowers: int = 0  # response watchers that will read this state as it is, should they need it (copied then)
     reply: bytes | None = None  # the form of the last turn's reply, when it was a reply without an action
     replies: int = 0  # consecutive turns that gave it
+    across: bool = False  # a person's message that kept the task came within that run of replies
+    # The person's turns (`PersonTurns`): what the agent answered the latest person's message and the one before it,
+    # and the task as it was before the latest person's message opened this one.
+    persons: "PersonTurns | None" = None
     ended: "TaskState | None" = None  # the task a person's message ended to open this one (`late_episodes`)
 
     def clone(self) -> "TaskState":
         return TaskState(self.start, self.key, self.tools.clone(), self.content.clone(), self.turns,
                          self.anchored, list(self.findings), list(self.turn_places), set(self.harness),
-                         self.before, 0, self.reply, self.replies, self.ended)
+                         self.before, 0, self.reply, self.replies, self.across,
+                         None if self.persons is None else self.persons.clone(), self.ended)
 
     def anchor(self, first_turn: Message) -> None:
         """Name this run of the task by its first assistant turn's first call id: a rerun of the same
@@ -250,8 +257,11 @@ def _call(name: str, arguments: str, outcome: tuple[str, bool] | None, rejected:
     text, marked = outcome
     if not (marked or is_error_form(text)):
         return Call(name, arguments, text, said=said)
-    masked = without_echo(mask(text), arguments)
-    if is_negative_answer(masked):  # told by its first sentence: the suggestions after it change each search
+    masked = mask(text)
+    missing = names_missing_program(masked, name, arguments)
+    if missing is None:  # a missing program's name is no echo of the call, nor a search finding nothing
+        masked = without_echo(masked, arguments)
+    if missing is None and is_negative_answer(masked):  # told by its first sentence: the suggestions after it change each search
         return Call(name, arguments, text, first_sentence(masked), negative=True, rejected=rejected, said=said)
     return Call(name, arguments, text, error_text(masked), rejected=rejected, said=said)
 
@@ -415,6 +425,18 @@ def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) 
     return [text_call(action, inline) for action in actions or ()], j + 1
 
 
+def _spoken(state: "TaskState", messages: list[Message], j: int, text: str) -> str | None:
+    """What the assistant's text action at j says to the person (its reply action, or an action its harness
+    could not read and passed on as it was: `spoken_action`), when no harness answers it."""
+    said = spoken_action(text) if "Action:" in text else None
+    if said is None:
+        return None
+    at = _user_answer(messages, j)
+    if at is not None and (is_observation(messages[at].text) or from_agent(messages, at)):
+        return None
+    return said
+
+
 def _answered_before(state: "TaskState", answer: str) -> bool:
     """Another agent's answer is one given before in this conversation (numbers aside): no news, as a harness
     repeating itself. Its answers are remembered as the harness's texts are."""
@@ -466,9 +488,18 @@ def _tool_evidence(found: ToolFinding) -> Evidence:
         # Its start and its end: where a traceback's exception and a test run's summary are.
         error = error if len(error) <= 200 else f"{error[:80]} … {error[-115:]}"
         differed = len({c.key for c in found.calls}) > 1  # one error answering different calls
-        alike = differed and len({_numbers_aside(c.key) for c in found.calls}) == 1
+        # Calls alike but for their numbers are one call made again, unless the error says every further attempt
+        # fails alike: then each is a new call (the next file to download) meeting the same wall, weak evidence.
+        # A program that does not exist never ran, whatever it was given: its calls are one call.
+        alike = differed and (len({missing_program(c) for c in found.calls} - {None}) == 1
+                              and all(missing_program(c) for c in found.calls)
+                              or len({_numbers_aside(c.key) for c in found.calls}) == 1
+                              and not is_standing(first.error or ""))
         return RepeatedError(**call, error=error, calls=tuple((c.name, excerpt(c.arguments, 60))
                                                               for c in found.calls) if differed else (), alike=alike)
+    if found.idle:  # calls that each did nothing, in whatever form
+        call["arguments"] = excerpt("; ".join(c.arguments for c in found.calls), 120)
+        return RepeatedCall(**call, same_result=False, idle=True)
     return RepeatedCall(**call, same_result=found.same_result)
 
 
@@ -525,12 +556,19 @@ class Turn:
         state = self.state
         form = reply_form(text) if text else ""
         if not form:
-            state.reply, state.replies = None, 0
+            state.reply, state.replies, state.across = None, 0, False
             return
         key = digest(form)
-        state.replies = state.replies + 1 if key == state.reply else 1
+        if key == state.reply:
+            state.replies += 1
+        else:
+            state.replies, state.across = 1, False
         state.reply = key
-        if state.replies >= self.config.tool_threshold(self.turn):
+        if state.persons is not None:  # to a person, a reply in other numbers is another answer (`go to desk 2`)
+            state.persons.mark("R", mask(text).lower())
+        # Across a person's messages the same reply needs one turn more (`PERSON_REPLY_EXTRA`).
+        threshold = self.config.tool_threshold(self.turn) + (PERSON_REPLY_EXTRA if state.across else 0)
+        if state.replies >= threshold:
             self.replied = RepeatedReply(excerpt(text, 200), state.replies)
 
     def text(self, piece: str, channel: str | None = None) -> bool:
@@ -632,7 +670,7 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
             if not may_open_task(messages, j):
                 j += 1  # another agent's answer or the harness's that no step took as its result: no task
                 continue
-            state = _person_text(config, state, messages, j, opening)
+            state = _person_text(config, state, messages, j, opening, reset_at)
             opening = None
             j += 1
         elif role == ASSISTANT:
@@ -651,12 +689,17 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
 
 
 def _person_text(config: DetectConfig, state: TaskState, messages: list[Message], j: int,
-                 opening: tuple[TaskState, int, int] | None) -> TaskState:
+                 opening: tuple[TaskState, int, int] | None, reset_at: int) -> TaskState:
     """A user's text at `j`: the task it opens (after an assistant's text that may have opened one, the task
-    before it is kept, in case this text is the harness answering)."""
+    before it is kept, in case this text is the harness answering); or, when the person's turn changes nothing of
+    what is asked while the agent answers alike (`_keeps_loop`), the task it goes on with."""
     text = messages[j].text
+    if _keeps_loop(state, messages, j):
+        return _kept(config, state, messages, j, reset_at)
+    persons = _person_turns(state, messages, j)
     ended = _ended(state)
     state = _new_task(config, messages, j + 1, state)
+    state.persons = persons
     state.ended = ended
     if opening is not None and opening[1] == j:
         state.before = (opening[0], opening[2], _harness_key(text))
@@ -669,6 +712,141 @@ def _person_text(config: DetectConfig, state: TaskState, messages: list[Message]
         turn.tool_call(text_call(step.action, step.observation))
         turn.finish(j + 1)
     return state
+
+
+# -- a person's turns -------------------------------------------------------------------------------------------
+# In a conversation with a person (a customer-facing agent, a chat), the person's messages keep coming while the
+# agent may answer each alike: the same reply, the same failing call, the same hand-off. A person's message that
+# changes nothing of what is asked (the same person, giving no new facts) after the agent answered the person's
+# last two messages alike does not open a task: the loop stays in view, its warnings stay where they were given,
+# before the person's next message, and its count goes on. Another person, the same ask again in the same words
+# (numbers aside: on purpose, `try it once more`), new facts (an id, a number, an address not said before), or an
+# answer that ran a call that succeeded (a lookup, a poll whose answer is news) start afresh.
+
+PERSON_MARKS_KEPT = 64  # the marks of one answer kept (a long answer's last ones do not count)
+PERSON_FACTS_KEPT = 256  # the facts a conversation's person gave, kept to tell new ones; past this, none is new
+# A reply repeated across a person's messages needs this many more turns than a reply repeated to a harness: the
+# person may push for what the agent rightly refuses, or greet it again.
+PERSON_REPLY_EXTRA = 1
+# What a person gives as a fact: an id, a number, a code (a token holding a digit), an address.
+_FACT = re.compile(r"[\w.+@-]*\d[\w.+@-]*|[\w.+-]+@[\w-]+\.[\w.]+")
+_FACT_LENGTH = 3  # shorter tokens (`2`, `a1`) are counts and choices, not facts
+# A call that hands the conversation over (to a person, another agent, another department): made again after each
+# of the person's messages it did not take effect, whatever it answered.
+_HANDOFF = re.compile(r"transfer|hand_?off|escalat", re.IGNORECASE)
+
+
+class PersonTurns:
+    """The person's latest message in a conversation and what the agent answered it (its loop marks: each call that
+    failed, by its tool and its error (a search that found nothing by the call itself); each hand-off, by the call; each reply, by its form, counted only when no
+    call of the answer succeeded), with the marks of its answer to the person's message before."""
+
+    __slots__ = ("name", "said", "at", "marks", "replies", "worked", "earlier", "facts", "before")
+
+    def __init__(self, name: str | None, said: bytes, at: int, facts: frozenset[str],
+                 earlier: frozenset[bytes] = frozenset(), before: "TaskState | None" = None) -> None:
+        self.name = name  # the person's name, where the client gives one
+        self.said = said  # what the person said (masked, numbers aside, case folded), as a digest
+        self.at = at  # the message's index
+        self.marks: set[bytes] = set()
+        self.replies: set[bytes] = set()
+        self.worked = False  # a call of the answer succeeded: its replies say what it found
+        self.earlier = earlier
+        self.facts = facts
+        self.before = before  # the task before this message opened this one, while it may be taken up again
+
+    def clone(self) -> "PersonTurns":
+        other = PersonTurns(self.name, self.said, self.at, self.facts, self.earlier, self.before)
+        other.marks, other.replies, other.worked = set(self.marks), set(self.replies), self.worked
+        return other
+
+    def answer(self) -> frozenset[bytes]:
+        """The marks of the agent's answer to this message."""
+        return frozenset(self.marks if self.worked else self.marks | self.replies)
+
+    def mark(self, kind: str, text: str) -> None:
+        marks = self.replies if kind == "R" else self.marks
+        if len(marks) < PERSON_MARKS_KEPT:
+            marks.add(digest(f"{kind}\x00{text}"))
+
+    def calls(self, calls: list[Call]) -> None:
+        """A turn's calls, as marks of the answer."""
+        for call in calls:
+            if call.said:
+                continue
+            if call.error is not None:  # one tool failing alike (its arguments aside: a date written anew); a
+                # search finding nothing is the same only for the same search
+                self.mark("E", f"{call.key if call.negative else call.name}\x00{call.error}")
+            elif _HANDOFF.search(call.name):
+                self.mark("H", call.key)
+            elif call.succeeded:
+                self.worked = True
+
+
+def _facts(text: str) -> frozenset[str]:
+    return frozenset(fact.lower() for fact in _FACT.findall(text[:4000]) if len(fact) >= _FACT_LENGTH)
+
+
+def _said(text: str) -> bytes:
+    return digest(reply_form(text))
+
+
+def _person_turns(state: TaskState, messages: list[Message], j: int, before: "TaskState | None" = None
+                  ) -> PersonTurns:
+    """The person's message at j, after the answer the state holds (the task before, when this message opens a new
+    task that the next may take up again: `_kept`)."""
+    message = messages[j]
+    last = state.persons
+    facts = _facts(message.text)
+    if last is None:
+        return PersonTurns(message.name, _said(message.text), j, facts)
+    known = last.facts
+    if len(known) < PERSON_FACTS_KEPT:
+        known = known | facts
+    # The task before may be taken up again unless this message starts afresh on its own account.
+    said = _said(message.text)
+    fresh = message.name != last.name or said == last.said or not facts <= last.facts
+    if not fresh:
+        last.before = None  # only the task just before is ever taken up again: no chain of tasks is kept
+        before = state
+    return PersonTurns(message.name, said, j, known, last.answer(), before)
+
+
+def _keeps_loop(state: TaskState, messages: list[Message], j: int) -> bool:
+    """Whether the person's message at j leaves the task open: the same person, saying something else than the
+    last time (numbers aside) and nothing new, after the agent answered their last two messages alike."""
+    last = state.persons
+    if last is None or not last.earlier:
+        return False
+    message = messages[j]
+    if message.name != last.name or trajectory(message.text):
+        return False
+    if _said(message.text) == last.said or not _facts(message.text) <= last.facts:
+        return False  # the same ask again (numbers aside), on purpose; or new facts given
+    return not last.earlier.isdisjoint(last.answer())
+
+
+def _kept(config: DetectConfig, state: TaskState, messages: list[Message], j: int, reset_at: int) -> TaskState:
+    """The task going on past the person's message at j. When the task began at the person's message before, the
+    answer that message got is folded again into the task before it, which holds the first answer alike."""
+    last = state.persons
+    before = last.before
+    if before is not None and state.start == last.at + 1 and not (before.start < reset_at <= j):
+        restored = before.clone()
+        _keep(restored, messages, last.at)
+        state = _fold(config, restored, messages, last.at + 1, j, reset_at)
+    _keep(state, messages, j)
+    return state
+
+
+def _keep(state: TaskState, messages: list[Message], j: int) -> None:
+    """The person's message at j keeps the task open: their turn begins, the run of replies goes on across it."""
+    state.persons = _person_turns(state, messages, j)
+    state.persons.before = None
+    state.across = state.replies > 0
+    state.content.reset()  # the replies on either side of it are two texts, no chant
+    if j > 0 and messages[j - 1].role == ASSISTANT and len(state.harness) < HARNESS_KEPT:
+        state.harness.add(_harness_key(messages[j].text))
 
 
 def _assistant_turn(config: DetectConfig, state: TaskState, messages: list[Message], j: int, reset_at: int
@@ -692,14 +870,19 @@ def _assistant_turn(config: DetectConfig, state: TaskState, messages: list[Messa
             snapshot.before = None
             opening = (snapshot, at, j)
     state.anchor(message)
+    said = None
     if message.calls:
         results, after = _tool_results(messages, j + 1)
         calls = [make_call(call, results) for call in message.calls]
     else:
-        calls, after = _text_steps(state, messages, j, text)
+        said = _spoken(state, messages, j, text)
+        calls, after = ([], j + 1) if said is not None else _text_steps(state, messages, j, text)
     turn = Turn(config, state, j)
-    # A reply that took no action: none written, or only one the harness rejected
-    turn.reply(text if not message.calls and not was_cut and all(c.error for c in calls) else None)
+    # A reply that took no action: none written, or only one the harness rejected; or what it said to the person
+    turn.reply(said if said is not None else
+               text if not message.calls and not was_cut and all(c.error for c in calls) else None)
+    if state.persons is not None:
+        state.persons.calls(calls)
     if text:
         turn.text(text)
     if was_cut:

@@ -45,15 +45,27 @@ class RepeatedCall(_Call):
     advice: ClassVar[str] = ("Calling it again will not change the outcome. Use what the result already told you, "
                              "or change the arguments, use another tool, or take a different approach.")
     same_result: bool = True
-    strength: ClassVar[str] = STRONG  # the same call with the same result, or an edit re-applied
+    idle: bool = False  # calls that each did nothing, in different forms (an empty command, `true`, `echo`)
+
+    @property
+    def strength(self) -> str:
+        """The same call with the same result, or an edit re-applied, is strong; calls that each did nothing, in
+        forms that differ, are weak."""
+        return WEAK if self.idle else STRONG
 
     def describe(self) -> str:
+        if self.idle:
+            return (f"your last {self.repeats} calls of `{self.tool}` did nothing ({self.arguments}); "
+                    "no work has been done by them")
         outcome = "and got the same result each time" if self.same_result else \
             "(its result changed, but repeating the identical call is not making progress)"
         return f"you called `{self.tool}` with {self.arguments} {self.repeats} times in a row {outcome}"
 
     def logged(self) -> dict:
-        return self._with_result({**self._logged(), "same_result": self.same_result})
+        detail = {**self._logged(), "same_result": self.same_result}
+        if self.idle:
+            detail["idle"] = True
+        return self._with_result(detail)
 
 
 @dataclass(frozen=True)
@@ -207,7 +219,8 @@ def from_logged(kind: str, detail: dict | None) -> Evidence | None:
             common = {"tool": str(detail["tool"]), "arguments": str(detail.get("arguments", "")),
                       "repeats": int(detail.get("repeats") or 0), "result": detail.get("result")}
             if kind == "tool_call":
-                return RepeatedCall(**common, same_result=bool(detail.get("same_result", True)))
+                return RepeatedCall(**common, same_result=bool(detail.get("same_result", True)),
+                                    idle=bool(detail.get("idle", False)))
             if kind == "tool_cycle":
                 return Cycle(**common, cycle=tuple(map(str, detail["cycle"])),
                              cycle_arguments=tuple(map(str, detail.get("cycle_arguments") or ())),

@@ -84,6 +84,54 @@ def _smolagents(text: str) -> list[TextAction] | None:
     return actions or None
 
 
+# τ-bench's ReAct agent: `Thought:` and a line, then `Action:` and, on the next line, one JSON object naming the
+# action and its arguments; the harness reads what follows the last `Action:`. Its reply to the person is the
+# action `respond` (`{"name": "respond", "arguments": {"content": ...}}`); an action whose JSON it cannot read it
+# sends to the person as it is, as if it were that reply.
+RESPOND = "respond"
+_JSON_ACTION = "Action:"
+
+
+def _json_action_text(text: str) -> str | None:
+    """What follows the last `Action:` opening a line, when it is (or starts like) a JSON object."""
+    at = text.rfind("\n" + _JSON_ACTION)
+    if at < 0:
+        if not text.startswith(_JSON_ACTION):
+            return None
+        at = -1
+    raw = text[at + 1 + len(_JSON_ACTION):].strip()
+    if raw[:1] != "{" or "\nObservation:" in raw or "\nAction Input:" in raw:
+        return None
+    return raw
+
+
+def _react_json(text: str) -> list[TextAction] | None:
+    raw = _json_action_text(text) if _JSON_ACTION in text else None
+    if raw is None:
+        return None
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        value = None
+    if isinstance(value, dict) and isinstance(value.get("name"), str) and "arguments" in value:
+        return [TextAction(value["name"], canonical_arguments(value["arguments"]))]
+    return [TextAction(RESPOND, canonical_arguments({"content": raw}))]
+
+
+def spoken_action(text: str) -> str | None:
+    """What a τ-bench ReAct action says to the person: its `respond` content, or the action as written when its
+    JSON cannot be read (the harness sends it as it is); None for any other action."""
+    actions = _react_json(text)
+    if not actions or actions[0].name != RESPOND:
+        return None
+    try:
+        value = orjson.loads(actions[0].arguments)
+    except orjson.JSONDecodeError:
+        return actions[0].arguments
+    content = value.get("content") if isinstance(value, dict) else None
+    return content if isinstance(content, str) else actions[0].arguments
+
+
 def _react(text: str) -> list[TextAction] | None:
     match = _REACT_ACTION.search(text) if "Action" in text else None
     if match is None:
@@ -178,7 +226,7 @@ def _dspy_answer(text: str) -> list[TextAction] | None:
     return [TextAction(name, _arguments(fields.get("next_tool_args", "")))] if name else None
 
 
-_READERS = (_smolagents, _dspy_answer, _react, _aider, _code, _xml_tool, _call_span, _fenced)
+_READERS = (_smolagents, _dspy_answer, _react_json, _react, _aider, _code, _xml_tool, _call_span, _fenced)
 
 
 def read_actions(text: str) -> list[TextAction] | None:
@@ -195,12 +243,16 @@ def read_actions(text: str) -> list[TextAction] | None:
 # -- the harness's answer --------------------------------------------------------------------------------
 
 # AutoGen's and AG2's code executor answers `exitcode: 1 (execution failed)\nCode output: ...`.
+# τ-bench's ReAct harness answers a tool's action with `API output: ...`.
 _OBSERVATION_STARTS = ("Observation:", "OBSERVATION:", "Error:\n", "<returncode>", "<exception>", "Call id:",
-                       "exitcode: ")
+                       "exitcode: ", "API output: ")
 _OBSERVATION_FRAME = re.compile(r"(?:Observation|OBSERVATION)(?:\x20\d+)?:")  # `Observation 3:` numbers the step
 # Cline's, Roo Code's and Kilo Code's answer to a tool written in XML, and their error when no tool was written.
 _XML_RESULT = re.compile(r"\[[a-z][a-z0-9_]{0,63}(?:\x20for\x20[^\n]{0,300}?)?\]\x20Result:")
 _XML_HARNESS_ERROR = "[ERROR] You did not use a tool in your previous response!"
+
+# Aider's linter report, reflected to the model as a user message after an edit (its `lint_edited`).
+_AIDER_LINT = "# Fix any errors below, if possible."
 
 _SWE_AGENT_TAIL = re.compile(r"\(Current directory: [^\n]*\)\s*(?:bash-\$)?\s*\Z")
 
@@ -214,6 +266,8 @@ def is_observation(text: str) -> bool:
         return True
     if "SEARCH/REPLACE block" in head and "failed to match" in text[:200]:
         return True  # Aider: `# 1 SEARCH/REPLACE block failed to match!`
+    if head.startswith(_AIDER_LINT):
+        return True  # Aider's linter after an edit: `# Fix any errors below, if possible.`
     tail = text[-300:]
     return "(Current directory: " in tail and _SWE_AGENT_TAIL.search(tail) is not None
 
@@ -221,8 +275,8 @@ def is_observation(text: str) -> bool:
 def observation_failed(text: str) -> bool:
     """An observation whose harness frame says the action failed (beyond what its text's form says)."""
     head = text.lstrip()[:200]
-    return head.startswith(("<exception>", _XML_HARNESS_ERROR)) or ("SEARCH/REPLACE block" in head
-                                                                      and "failed to match" in head)
+    return head.startswith(("<exception>", _XML_HARNESS_ERROR, _AIDER_LINT)) or (
+        "SEARCH/REPLACE block" in head and "failed to match" in head)
 
 
 # What a harness prints when an edit went through or when it takes up the next request (aider's `Applied edit to

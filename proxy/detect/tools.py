@@ -240,6 +240,7 @@ class ToolFinding:
     calls: tuple[Call, ...]  # the call, the cycle's calls in order, or the calls one error answered
     repeats: int
     same_result: bool = True  # False for identical calls counted whatever their results
+    idle: bool = False  # calls that each did nothing, whatever their form
 
 
 def _same(a: Call, b: Call) -> bool:
@@ -306,6 +307,83 @@ def _reworded(words: frozenset[str], before: "list[frozenset[str]]") -> bool:
     return any(len(words & other) >= SAME_SEARCH * len(words | other) for other in before)
 
 
+# An error that says the condition behind it stands, whatever is asked next: a quota or a budget used up, a limit
+# reached, a permission or a key revoked or expired, an account suspended, or in so many words that every further
+# attempt fails alike. New calls it answers are no exploration: each meets the same wall.
+_STANDING = re.compile(
+    r"quota\W+(?:\w+\W+){0,3}?(?:exceeded|exhausted|reached|used\x20up)|(?:exceeded|exhausted|reached)\W+(?:\w+\W+){0,2}?quota"
+    r"|\bno\x20(?:\w+\x20)?(?:downloads|requests|credits|calls|uploads|runs|tokens|quota)\x20(?:left|remaining)"
+    r"|rate[\x20_-]limit\w*\x20(?:\w+\x20){0,2}?(?:exceeded|exhausted|reached)"
+    r"|insufficient\x20(?:credits?|balance|funds|quota)|out\x20of\x20(?:credits|quota)"
+    r"|(?:permission|access|token|api\x20key|key|credentials?|authorization|license)\x20(?:has\x20been\x20|was\x20|is\x20)?"
+    r"(?:revoked|expired|suspended|disabled)"
+    r"|account\x20(?:has\x20been\x20|is\x20)?(?:suspended|disabled|deactivated|locked)"
+    r"|(?:every|all|any)\x20(?:further|subsequent|other|new)\x20(?:\w+\x20)?(?:requests?|attempts?|calls?|downloads?)"
+    r"\x20(?:\w+\x20){0,3}?(?:fail|be\x20(?:refused|rejected|denied|blocked))",
+    re.IGNORECASE,
+)
+
+
+@functools.lru_cache(maxsize=1024)
+def is_standing(error: str) -> bool:
+    """Whether an error says that every further attempt will fail alike (SPEC: a condition no retry can change)."""
+    return _STANDING.search(error[:WHOLE_ERROR]) is not None
+
+
+# -- calls that do nothing, and programs that do not exist ------------------------------------------------------
+# A shell call that does nothing: an empty command, `true` or `:`, an `echo` of nothing or of one short word
+# (`echo 'plan'`, `echo '??'`), a placeholder left for a command. Made again and again, in whatever form, it is the
+# agent idling: IDLE_CALLS of them in a row are a loop (weak evidence: the calls differ).
+IDLE_CALLS = 5
+_IDLE_WORD = 12  # an echoed word longer than this says something
+_PLACEHOLDER = re.compile(r"<[^<>\n]{0,40}>|\.\.\.|…|(?:todo|tbd|placeholder|noop|no-op|nothing|command)\b",
+                          re.IGNORECASE)
+
+
+def does_nothing(name: str, arguments: str) -> bool:
+    """Whether a shell call's command does nothing (its `cd DIR &&` aside)."""
+    command = shell_command(name, arguments)
+    if command is None:
+        return False
+    line = command.strip()
+    if "\n" in line or len(line) > 200:
+        return False
+    while line.startswith("cd ") and "&&" in line:
+        line = line.split("&&", 1)[1].strip()
+    if line in ("", "true", ":", "echo", "/bin/true"):
+        return True
+    if any(mark in line for mark in ("|", ">", "<<", ";", "&&", "$(", "`")):
+        return _PLACEHOLDER.fullmatch(line) is not None
+    words = line.split()
+    if words[0] == "echo" and len(words) <= 2:
+        return len(words) == 1 or len(words[1].strip("'\"")) <= _IDLE_WORD
+    return _PLACEHOLDER.fullmatch(line) is not None
+
+
+# The shell saying the program itself does not exist (`bash: line 1: update_plan: command not found`, `update_plan:
+# No such file or directory`): the call never ran, whatever its arguments.
+_MISSING = re.compile(r"(?:^|[\x20:])([\w.+-]+):\x20(?:command\x20not\x20found|No\x20such\x20file\x20or\x20directory)")
+
+
+def names_missing_program(error: str, name: str, arguments: str) -> str | None:
+    """The program a shell call ran, when its (masked) error says that program does not exist."""
+    if "not found" not in error and "No such file" not in error:
+        return None
+    command = shell_command(name, arguments)
+    if not command:
+        return None
+    program = shell_target(command).split(" ", 1)[0]
+    for found in _MISSING.finditer(error[:WHOLE_ERROR]):
+        if found.group(1) == program:
+            return program
+    return None
+
+
+def missing_program(call: "Call") -> str | None:
+    """The program a failed shell call ran, when its error says that program does not exist."""
+    return None if call.error is None else names_missing_program(call.error, call.name, call.arguments)
+
+
 # A harness's format error answering steps with this many successful calls between recurs apart: the agent
 # recovered each time (Gemini 3 sends two blocks every few replies and goes on with the next). Back to back, with
 # nothing run between, it counts.
@@ -320,7 +398,7 @@ class ToolTracker:
     calls, for one task. Constant memory but the error table."""
 
     __slots__ = ("_recent", "_runs", "_blind_runs", "_answers", "_errors", "_tool_errors", "_error_run",
-                 "_error_calls", "_ran", "_successes")
+                 "_error_calls", "_ran", "_successes", "_idle", "_idle_run")
 
     def __init__(self) -> None:
         self._recent: list[Call | None] = []  # last MAX_CYCLE calls; None is a call never counted
@@ -337,6 +415,8 @@ class ToolTracker:
         self._error_calls: list[Call] = []  # the last of them, for the evidence
         self._ran: set[bytes] = set()  # what the task's calls ran (`call_target`)
         self._successes = 0  # the task's calls that succeeded
+        self._idle: list[Call] = []  # the last calls in a row that did nothing (`does_nothing`)
+        self._idle_run = 0  # how many calls in a row did nothing
 
     def clone(self) -> "ToolTracker":
         other = ToolTracker.__new__(ToolTracker)
@@ -350,6 +430,7 @@ class ToolTracker:
         other._error_calls = self._error_calls[:]
         other._ran = set(self._ran)
         other._successes = self._successes
+        other._idle, other._idle_run = self._idle[:], self._idle_run
         return other
 
     def skip(self) -> None:
@@ -360,6 +441,7 @@ class ToolTracker:
         self._answers = set()
         self._error_run = 0
         self._error_calls = []
+        self._idle, self._idle_run = [], 0
 
     def add(self, call: Call, threshold: int, error_repeats: int = ERROR_REPEATS,
             edit: bool = False) -> list[ToolFinding]:
@@ -396,6 +478,8 @@ class ToolTracker:
                         cycle = tuple(c for c in self._recent[-k:] if c is not None)
                         found.append(ToolFinding("tool_cycle", cycle, blind[k] // k + 1, same_result=False))
                         break
+        if not found:
+            found.extend(self._idling(call, threshold))
         if call.error is not None:
             count, successes = self._errors.get((call.key, call.error), (0, 0))
             if call.rejected and self._successes - successes >= FAR_APART:
@@ -411,6 +495,18 @@ class ToolTracker:
             for counted in finding.calls:
                 counted._settle()
         return found
+
+    def _idling(self, call: Call, threshold: int) -> list[ToolFinding]:
+        """Calls in a row that each did nothing, whatever their form: IDLE_CALLS of them (the threshold, when
+        higher) are a loop; each one more, a loop again."""
+        if not does_nothing(call.name, call.arguments):
+            self._idle_run, self._idle = 0, []
+            return []
+        self._idle_run += 1
+        self._idle = (self._idle + [call])[-IDLE_CALLS:]
+        if self._idle_run < max(IDLE_CALLS, threshold):
+            return []
+        return [ToolFinding("tool_call", tuple(self._idle), self._idle_run, same_result=False, idle=True)]
 
     def _repeated_answer(self, call: Call, before: Call | None, streak: int) -> None:
         """Identical calls in a row (`before` the call just before, `streak` its run of calls without news): a call
@@ -464,9 +560,11 @@ class ToolTracker:
             if seen.count and new and not reworded:
                 return []  # a new search finding nothing, not one said again in other words: the search at work
         since = self._successes - seen.successes  # the calls that succeeded since this error last counted
-        if seen.count and ((new and since) or (call.rejected and since >= FAR_APART)):
+        if seen.count and ((new and since and not is_standing(call.error or "") and missing_program(call) is None)
+                           or (call.rejected and since >= FAR_APART)):
             # Exploration: a call the task never made (a new script the timeout kills, a new command a sandbox
-            # refuses) after work that succeeded; a step the harness refused (its format error) far apart.
+            # refuses) after work that succeeded, unless the error says no attempt can get past it; a step the
+            # harness refused (its format error) far apart.
             return []
         needed = _different_calls_needed(call, error_repeats)
         seen.successes = self._successes
