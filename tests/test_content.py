@@ -552,8 +552,9 @@ def test_the_compiled_classification_is_the_rules(line, complete, in_code):
 
 
 def test_the_matcher_in_use_is_the_compiled_one_when_built():
-    assert content.COMPILED == (_content is not None)
-    assert content.ContentTracker is (_content.ContentTracker if _content is not None else PureTracker)
+    in_use = _content is not None and os.environ.get("LOOPWARDEN_NO_EXTENSIONS") != "1"  # unless told otherwise
+    assert content.COMPILED == in_use
+    assert content.ContentTracker is (_content.ContentTracker if in_use else PureTracker)
     assert content.Chant is content_rule.Chant and content.GAP_CHUNKS == content_rule.GAP_CHUNKS
 
 
@@ -569,6 +570,11 @@ def test_the_environment_can_force_the_plain_matcher():
     shown = _run(["-c", "from proxy.detect import content; print(content.COMPILED, content.ContentTracker.__module__)"],
                  pure=True)
     assert shown.stdout.split() == ["False", "proxy.detect.content_rule"], shown.stderr
+    every = subprocess.run([sys.executable, "-c", "from proxy.detect import content; print(content.COMPILED)"],
+                           capture_output=True, text=True, cwd=Path(__file__).parent.parent, check=False,
+                           env={**{k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")},
+                                "LOOPWARDEN_NO_EXTENSIONS": "1"})
+    assert every.stdout.split() == ["False"], every.stderr  # the switch for every compiled part covers this one
 
 
 @needs_compiled
