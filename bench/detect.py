@@ -19,7 +19,8 @@ from reference_content import ReferenceContent  # noqa: E402
 
 from proxy.conversation import ToolCall  # noqa: E402
 from proxy.detect.content import COMPILED, ContentTracker, PureContentTracker  # noqa: E402
-from proxy.detect.engine import DetectConfig, analyze, make_call  # noqa: E402
+from proxy.detect.engine import DetectConfig, analyze  # noqa: E402
+from proxy.detect.steps import make_call  # noqa: E402
 from proxy.detect.normalize import is_error_form  # noqa: E402
 from proxy.detect.tools import ToolTracker  # noqa: E402
 from proxy.wire.chat import ChatDialect  # noqa: E402

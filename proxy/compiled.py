@@ -19,7 +19,8 @@ import sys
 # modules stay Python: compiled, their coroutines cost 15 % more CPU per request, BENCHMARKS.md.)
 MODULES = (
     "proxy.conversation", "proxy.inspection", "proxy.lru",
-    "proxy.detect.engine", "proxy.detect.normalize", "proxy.detect.text_steps", "proxy.detect.tools",
+    "proxy.detect.engine", "proxy.detect.normalize", "proxy.detect.speakers", "proxy.detect.steps",
+    "proxy.detect.text_steps", "proxy.detect.tools",
     "proxy.wire.dialect", "proxy.wire.chat", "proxy.wire.gemini", "proxy.wire.messages", "proxy.wire.responses",
     "proxy.wire.sse",
 )

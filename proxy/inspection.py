@@ -39,11 +39,11 @@ from proxy.detect.engine import (
     episodes,
     fingerprints_of,
     late_episodes,
-    system_text,
 )
 from proxy.detect.judge_policy import JudgeCheck, check_due
 from proxy.detect.ladder import shown
 from proxy.detect.normalize import digest
+from proxy.detect.speakers import system_text
 from proxy.detect.text_steps import person_text
 from proxy.detect.texts import cut_notice, stop_text, warning_text
 from proxy.lru import LRU

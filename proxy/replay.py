@@ -38,8 +38,8 @@ from proxy.detect.engine import (
     episodes,
     fingerprints_of,
     late_episodes,
-    own_reply,
 )
+from proxy.detect.speakers import own_reply
 from proxy.inspection import UNSEEN_PER_SESSION
 from proxy.wire import OPENAI, recorded_dialect
 from proxy.wire.dialect import Dialect, RequestError

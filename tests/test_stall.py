@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from proxy import agents
-from proxy.detect import engine, normalize, text_steps, tools
+from proxy.detect import engine, normalize, steps, text_steps, tools
 from proxy.detect.content import ContentTracker
 from proxy.detect.engine import DetectConfig, episodes
 from tests.convo import analyze, assistant, conversation, neutral, step, user
@@ -52,7 +52,7 @@ def text_call_target(text: str) -> bytes:
                                   normalize.excerpt, text_steps.read_actions, text_steps.observation_text,
                                   text_steps.is_observation, text_steps.inline_observation, agents.title_of,
                                   text_steps.is_progress_note, tools.shell_target, tools.changes_a_file,
-                                  tools.search_words, shell_call_target, text_call_target, engine._numbers_aside],
+                                  tools.search_words, shell_call_target, text_call_target, steps.numbers_aside],
                          ids=lambda read: read.__name__)
 def test_each_masking_and_error_form_reading_is_linear_on_long_runs(read):
     slowest = (0.0, "")

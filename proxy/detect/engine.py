@@ -7,48 +7,37 @@ of which may complete one. The fold's state after the messages already seen is
 cached per session, so a long conversation is analysed only by its new
 messages; the cache is checked against every message's fingerprint, so it can
 make an analysis faster but never change a verdict.
+
+The fold's parts each have their module: who speaks and where a task may begin (`speakers.py`), what a step is
+(`steps.py`), the rules on steps with their evidence's strength (`tools.py`, the content layer, `evidence.py`) and
+what an episode comes to (`ladder.py`). This module folds, numbers the episodes and decides.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from proxy.detect import ladder
 from proxy.detect.actions import Action
 from proxy.detect.content import Chant, ContentTracker
-from proxy.detect.evidence import (REASONING, Chanting, Cycle, Evidence, RepeatedCall, RepeatedError, RepeatedReply,
-                                   Verdict)
+from proxy.detect.evidence import REASONING, Chanting, Cycle, Evidence, RepeatedReply, Verdict
 from proxy.detect.judge_policy import JudgeCheck
-from proxy.detect.normalize import (canonical_arguments, digest, excerpt, first_sentence, is_error_form,
-                                   is_negative_answer, is_unchanged_read, mask, without_echo)
-from proxy.detect.text_steps import (
-    TextAction,
-    inline_observation,
-    is_agent_preamble,
-    is_agent_reply,
-    is_observation,
-    is_progress_note,
-    observation_failed,
-    observation_text,
-    read_actions,
-    spoken_action,
-    task_text,
-    trajectory,
-    without_reminder,
-)
-from proxy.detect.tools import (ERROR_REPEATS, Call, ToolFinding, ToolTracker, changes_a_file, is_edit, is_standing,
-                                missing_program, names_missing_program)
+from proxy.detect.normalize import digest, excerpt, mask
+from proxy.detect.speakers import (HARNESS_KEPT, PERSON_REPLY_EXTRA, PersonTurns, harness_key, keeps_loop,
+                                   may_open_task, opening_answer, own_at, own_reply, person_turns, reply_form,
+                                   repeats_opener)
+from proxy.detect.steps import (acted_steps, chanting, make_call, reasoning_cut, spoken, text_call, tool_evidence,
+                                tool_results)
+from proxy.detect.text_steps import read_actions, task_text, trajectory
+from proxy.detect.tools import ERROR_REPEATS, Call, ToolFinding, ToolTracker, changes_a_file, is_edit
 from proxy.conversation import (  # noqa: F401 (the prefixes are the engine's vocabulary too)
     ASSISTANT,
     CUT_NOTICE_PREFIX,
     INJECTED_PREFIX,
-    SYSTEM,
     TOOL,
     USER,
     Message,
-    ToolCall,
     model_text,
     role_at,
 )
@@ -218,316 +207,12 @@ def _task_key(messages: list[Message], start: int) -> str:
     return digest(f"{start}\x00{opener}").hex()[:16]
 
 
-# The harness's texts a conversation hands from task to task; past this many, a new task starts knowing none
-# (as each did before), so a conversation of many distinct prompts holds no more.
-HARNESS_KEPT = 1024
-
-
 def _new_task(config: DetectConfig, messages: list[Message], start: int,
               before: "TaskState | None" = None) -> TaskState:
     """A task starting at `start`; it knows the harness's texts the conversation met before it."""
     harness = set(before.harness) if before is not None and len(before.harness) < HARNESS_KEPT else set()
     return TaskState(start, _task_key(messages, start), ToolTracker(), config.new_content_tracker(),
                      harness=harness)
-
-
-def _tool_results(messages: list[Message], after: int) -> tuple[dict[str, tuple[str, bool]], int]:
-    """Tool results that follow an assistant message, and the index just past them."""
-    results: dict[str, tuple[str, bool]] = {}
-    j = after
-    while j < len(messages) and messages[j].role == TOOL:
-        message = messages[j]
-        results[message.call_id] = (message.text, message.failed)
-        j += 1
-    return results, j
-
-
-def make_call(call: ToolCall, results: dict[str, tuple[str, bool]]) -> Call:
-    """A native tool call, with its result when the conversation has it."""
-    return _call(call.name, canonical_arguments(call.arguments or ""), results.get(call.id))
-
-
-def _call(name: str, arguments: str, outcome: tuple[str, bool] | None, rejected: bool = False,
-          said: bool = False) -> Call:
-    """A step, compared by meaning: the action's name and canonical arguments, and its result (masked when
-    first compared). `rejected`: the harness refused the step before running it; `said`: the step is the model's
-    text with no action in it."""
-    if outcome is None or is_unchanged_read(outcome[0]):  # unknown, or the same as the read before
-        return Call(name, arguments, said=said)
-    text, marked = outcome
-    if not (marked or is_error_form(text)):
-        return Call(name, arguments, text, said=said)
-    masked = mask(text)
-    missing = names_missing_program(masked, name, arguments)
-    if missing is None:  # a missing program's name is no echo of the call, nor a search finding nothing
-        masked = without_echo(masked, arguments)
-    if missing is None and is_negative_answer(masked):  # told by its first sentence: the suggestions after it change each search
-        return Call(name, arguments, text, first_sentence(masked), negative=True, rejected=rejected, said=said)
-    return Call(name, arguments, text, error_text(masked), rejected=rejected, said=said)
-
-
-# A Python traceback's frame names the line it ran: code edited around the failure moves it, the failure is the same.
-_FRAME_LINE = re.compile(r'(File "[^"\n]{0,500}", line )\d+')
-
-
-def error_text(masked: str) -> str:
-    """What identifies an error: its start and its end (a traceback's exception and a test run's summary
-    come last; two different failures often share a long start), the lines its traceback names aside."""
-    if 'File "' in masked:
-        masked = _FRAME_LINE.sub(r"\1#", masked)
-    return masked if len(masked) <= 500 else f"{masked[:250]} … {masked[-250:]}"
-
-
-def text_call(action: TextAction, observation: str | None, marked: bool = False, rejected: bool = False,
-              said: bool = False) -> Call:
-    """An action written in text (`said`: the model's text that holds none), and the observation that answered it
-    (None while unknown)."""
-    return _call(action.name, action.arguments, None if observation is None else (observation, marked), rejected,
-                 said)
-
-
-def _own_at(messages: list[Message], k: int) -> int:
-    """How many messages from k on the agent wrote itself: its preamble or note (Aider's `I updated the
-    files.`, its file-context message), and the reply it recorded for the model (`Ok.`). 0, 1 or 2."""
-    message = messages[k]
-    if message.role != USER or message.injected or not is_agent_preamble(message.text):
-        return 0
-    if k + 1 < len(messages) and messages[k + 1].role == ASSISTANT and not messages[k + 1].calls \
-            and is_agent_reply(messages[k + 1].text):
-        return 2
-    return 1
-
-
-def may_open_task(messages: Sequence[Message], k: int) -> bool:
-    """Whether the user message at k may open a task, read alone: one a person may have written, not the
-    proxy's, the agent's own note, another agent's answer or the harness's observation. (The fold and the first
-    sight of a long conversation ask the same, so both begin its task at the same message.)"""
-    message = messages[k]
-    return not (message.injected or _own_at(messages, k) or from_agent(messages, k) or is_observation(message.text))
-
-
-def _past_own(messages: list[Message], k: int) -> int:
-    """The first message from k on that the agent did not write itself."""
-    while k < len(messages):
-        own = _own_at(messages, k)
-        if not own:
-            break
-        k += own
-    return k
-
-
-def from_agent(messages: Sequence[Message], k: int) -> bool:
-    """The user message at k is another agent's answer in a group of agents: named after a speaker other than
-    the one whose message opened the conversation. A step's result, never a new task."""
-    name = messages[k].name
-    if not name:
-        return False
-    for message in messages:  # the first user message: whoever set the task
-        if message.role == USER:
-            return name != message.name
-    return False
-
-
-def _group_answer(messages: list[Message], at: int) -> tuple[int, int]:
-    """In a group of agents, the others may speak in turn before the harness answers a step (a critic, then the
-    code's output): the answer read as the step's result (the harness's observation when one of them is, else
-    the first) and the index past them all. Elsewhere the answer at `at` alone."""
-    if not from_agent(messages, at):
-        return at, at + 1
-    result, k = None, at
-    while k < len(messages) and messages[k].role == USER and not messages[k].injected:
-        observed = is_observation(messages[k].text)
-        if not (observed or from_agent(messages, k)):
-            break
-        if observed and result is None:
-            result = k
-        k += 1
-    return (at if result is None else result), k
-
-
-def _user_answer(messages: list[Message], j: int) -> int | None:
-    """Where the user message answering message j is (after what the agent wrote itself), if there is one."""
-    k = _past_own(messages, j + 1)
-    if k < len(messages):
-        answer = messages[k]
-        if answer.role == USER and not answer.injected:
-            return k
-    return None
-
-
-_NUMBERS = re.compile(r"\d+")
-# A reply this long (masked) is compared numbers aside: a harness's template with a count in it. A person's
-# short question about folder 2, then folder 3, stays two questions.
-_NUMBERS_ASIDE_FROM = 80
-
-
-def reply_form(text: str) -> str:
-    """An assistant's reply as its repeats are compared: masked, numbers aside, case folded."""
-    return _NUMBERS.sub("\x00", mask(text)).lower()
-
-
-def harness_form(text: str) -> str:
-    """A user text as the harness repeats it: masked, and numbers aside (`found 3 actions`, `found 2 actions`)."""
-    masked = mask(text)
-    return _NUMBERS.sub("\x00", masked) if len(masked) >= _NUMBERS_ASIDE_FROM else masked
-
-
-def _harness_key(text: str) -> bytes:
-    return digest(harness_form(text))
-
-
-def system_text(messages: Sequence[Message]) -> str:
-    """The conversation's system message (the first; it opens the conversation)."""
-    for k in range(min(len(messages), 2)):
-        if messages[k].role in (SYSTEM, "developer"):
-            return messages[k].text
-    return ""
-
-
-def _text_steps(state: "TaskState", messages: list[Message], j: int, text: str) -> tuple[list[Call], int]:
-    """An assistant message without native tool calls: the steps it acts in text, and where the messages
-    that answer it end. A user message that is the harness talking (an observation, or the same text that
-    answered the assistant before in this task) is part of the step, not a new task. An observation is read
-    without the reminder the agent appended to the newest one (so it compares with the same observation in
-    the earlier messages, which the agent sends without it)."""
-    at = _user_answer(messages, j)
-    actions = read_actions(text)
-    inline = inline_observation(text) if actions else None
-    if inline is not None:  # CrewAI appends its system message's tool list to some of them: not the result
-        inline = without_reminder(inline, system_text(messages))
-    if at is not None:
-        at, past = _group_answer(messages, at)
-        answer = messages[at].text
-        harness_said = is_observation(answer)
-        observed = harness_said or from_agent(messages, at)
-        known = not observed and bool(state.harness) and _harness_key(answer) in state.harness
-        if inline is not None and not observed:
-            # The result is in the assistant's message; the user's is the harness's nudge once it is known.
-            return [text_call(action, inline) for action in actions], (at + 1 if known else j + 1)
-        if observed or known:
-            if not actions and harness_said and messages[at].name:
-                return [], past  # in a group, the executor answering another agent's code: no step of this one's
-            # A text the harness answered is a step, an action or not (Cline's `[ERROR] You did not use a tool`).
-            said = not actions
-            actions = actions or [TextAction("reply", mask(text)[:2000])]
-            harness_repeats = not observed  # the harness's own text again (a format error): the step never ran
-            if harness_repeats and is_progress_note(answer):
-                # The harness's note that the edit went through, again: the step's result, read by its form.
-                return [text_call(action, answer, said=said) for action in actions], past
-            if observed and (harness_said or not _answered_before(state, answer)):
-                answer = without_reminder(answer, system_text(messages))
-                observation, failed = observation_text(answer), observation_failed(answer)
-                return [text_call(action, observation, failed, said=said) for action in actions], past
-            # The harness repeating itself (a format error), or another agent giving the same answer again: what
-            # it answers is the step, failed.
-            return [text_call(action, harness_form(answer), marked=True, rejected=harness_repeats, said=said)
-                    for action in actions], past
-    return [text_call(action, inline) for action in actions or ()], j + 1
-
-
-def _spoken(state: "TaskState", messages: list[Message], j: int, text: str) -> str | None:
-    """What the assistant's text action at j says to the person (its reply action, or an action its harness
-    could not read and passed on as it was: `spoken_action`), when no harness answers it."""
-    said = spoken_action(text) if "Action:" in text else None
-    if said is None:
-        return None
-    at = _user_answer(messages, j)
-    if at is not None and (is_observation(messages[at].text) or from_agent(messages, at)):
-        return None
-    return said
-
-
-def _answered_before(state: "TaskState", answer: str) -> bool:
-    """Another agent's answer is one given before in this conversation (numbers aside): no news, as a harness
-    repeating itself. Its answers are remembered as the harness's texts are."""
-    key = _harness_key(answer)
-    if key in state.harness:
-        return True
-    if len(state.harness) < HARNESS_KEPT:
-        state.harness.add(key)
-    return False
-
-
-def _may_open_task(state: "TaskState", messages: list[Message], j: int) -> int | None:
-    """Where the user text answering the assistant's text at j is, when it may open a new task (it is no
-    observation and not the harness known to this task)."""
-    at = _user_answer(messages, j)
-    if at is None:
-        return None
-    answer = messages[at].text
-    if is_observation(answer) or from_agent(messages, at) or (state.harness and _harness_key(answer) in state.harness):
-        return None
-    return at
-
-
-def _repeats_opener(state: "TaskState", messages: list[Message], j: int, reset_at: int) -> bool:
-    """The text answering the assistant's text at j is the one that opened this task (numbers aside): the
-    harness answering again, so the task it opened never was one. Only a harness's template (a text long
-    enough to be compared numbers aside) is taken back so, and only while the task it opened has found
-    nothing (what it logged stays logged under it); a short nudge (`go on`) is the harness from its repeat on."""
-    before = state.before
-    if before is None or state.findings or before[1] < reset_at <= j:  # a reset between forgives what came before
-        return False
-    at = _user_answer(messages, j)
-    if at is None:
-        return False
-    form = harness_form(messages[at].text)
-    return len(form) >= _NUMBERS_ASIDE_FROM and digest(form) == before[2]
-
-
-def _tool_evidence(found: ToolFinding) -> Evidence:
-    first = found.calls[-1] if found.type != "tool_cycle" else found.calls[0]
-    call = {"tool": first.name, "arguments": excerpt(first.arguments), "repeats": found.repeats,
-            "result": excerpt(_readable(first.result_excerpt), 120) if first.result_excerpt else None}
-    if found.type == "tool_cycle":
-        return Cycle(**call, cycle=tuple(c.name for c in found.calls),
-                     cycle_arguments=tuple(excerpt(c.arguments, 60) for c in found.calls),
-                     same_result=found.same_result)
-    if found.type == "tool_error":
-        error = " ".join(_readable(first.error or "").split())
-        # Its start and its end: where a traceback's exception and a test run's summary are.
-        error = error if len(error) <= 200 else f"{error[:80]} … {error[-115:]}"
-        differed = len({c.key for c in found.calls}) > 1  # one error answering different calls
-        # Calls alike but for their numbers are one call made again, unless the error says every further attempt
-        # fails alike: then each is a new call (the next file to download) meeting the same wall, weak evidence.
-        # A program that does not exist never ran, whatever it was given: its calls are one call.
-        alike = differed and (len({missing_program(c) for c in found.calls} - {None}) == 1
-                              and all(missing_program(c) for c in found.calls)
-                              or len({_numbers_aside(c.key) for c in found.calls}) == 1
-                              and not is_standing(first.error or ""))
-        return RepeatedError(**call, error=error, calls=tuple((c.name, excerpt(c.arguments, 60))
-                                                              for c in found.calls) if differed else (), alike=alike)
-    if found.idle:  # calls that each did nothing, in whatever form
-        call["arguments"] = excerpt("; ".join(c.arguments for c in found.calls), 120)
-        return RepeatedCall(**call, same_result=False, idle=True)
-    return RepeatedCall(**call, same_result=found.same_result)
-
-
-def _numbers_aside(key: str) -> str:
-    """A call's name and arguments, numbers and white space aside: calls that differ in nothing else are the same
-    call made again (a coder's `# attempt 3`, then `# attempt 4`, over the same code)."""
-    return _NUMBERS.sub("\x00", "".join(key.split()))
-
-
-def _readable(masked: str) -> str:
-    """A masked text as people read it: each masked run (a time, an id, a path, the call's own argument echoed)
-    shown as an ellipsis."""
-    return masked.replace("\x00", "…").replace("\x01", "…")
-
-
-# The cut notice of a chant completed inside the reasoning (the answer holds only the notice): its count.
-_REASONING_CUT = re.compile(re.escape(CUT_NOTICE_PREFIX) + r" the same text repeated (\d+) times in the reasoning\.")
-
-
-def chanting(chant: Chant, channel: str | None = None) -> Chanting:
-    return Chanting(excerpt(chant.repeated, 200), chant.occurrences, REASONING if channel == REASONING else None)
-
-
-def reasoning_cut(text: str) -> Chant | None:
-    """A message the proxy cut inside its reasoning: the chant its notice reports (the reasoning itself is not
-    in the conversation a client sends on, or not reliably), so the next request carries its warning."""
-    found = _REASONING_CUT.search(text) if CUT_NOTICE_PREFIX in text else None
-    return Chant("", int(found.group(1))) if found else None
 
 
 class Turn:
@@ -631,7 +316,7 @@ class Turn:
 
     def _found(self, place: int, was_cut: bool, step: int) -> Finding | None:
         """What the step ending here tripped, as a finding; the turn's trips are spent."""
-        trips = [_tool_evidence(self.tool_found[kind]) for kind in TYPES if kind in self.tool_found]
+        trips = [tool_evidence(self.tool_found[kind]) for kind in TYPES if kind in self.tool_found]
         self.tool_found = {}
         if self.replied is not None:
             trips.append(self.replied)
@@ -663,7 +348,7 @@ def _fold(config: DetectConfig, state: TaskState, messages: list[Message], begin
         if message.injected:
             j += 1
         elif role == USER:
-            own = _own_at(messages, j)
+            own = own_at(messages, j)
             if own:
                 j += own  # the agent's own preamble or note, and the reply it recorded: no task, no turn
                 continue
@@ -692,138 +377,26 @@ def _person_text(config: DetectConfig, state: TaskState, messages: list[Message]
                  opening: tuple[TaskState, int, int] | None, reset_at: int) -> TaskState:
     """A user's text at `j`: the task it opens (after an assistant's text that may have opened one, the task
     before it is kept, in case this text is the harness answering); or, when the person's turn changes nothing of
-    what is asked while the agent answers alike (`_keeps_loop`), the task it goes on with."""
+    what is asked while the agent answers alike (`keeps_loop`), the task it goes on with."""
     text = messages[j].text
-    if _keeps_loop(state, messages, j):
+    if keeps_loop(state, messages, j):
         return _kept(config, state, messages, j, reset_at)
-    persons = _person_turns(state, messages, j)
+    persons = person_turns(state, messages, j)
     ended = _ended(state)
     state = _new_task(config, messages, j + 1, state)
     state.persons = persons
     state.ended = ended
     if opening is not None and opening[1] == j:
-        state.before = (opening[0], opening[2], _harness_key(text))
+        state.before = (opening[0], opening[2], harness_key(text))
         state.harness.add(state.before[2])  # if it comes again, it is the harness talking
     elif j > 0 and messages[j - 1].role == ASSISTANT:
-        state.harness.add(_harness_key(text))
+        state.harness.add(harness_key(text))
     for number, step in enumerate(trajectory(text) or (), start=1):
         # DSPy's ReAct: each step of the trajectory in this message is a turn.
         turn = Turn(config, state, j, number)
         turn.tool_call(text_call(step.action, step.observation))
         turn.finish(j + 1)
     return state
-
-
-# -- a person's turns -------------------------------------------------------------------------------------------
-# In a conversation with a person (a customer-facing agent, a chat), the person's messages keep coming while the
-# agent may answer each alike: the same reply, the same failing call, the same hand-off. A person's message that
-# changes nothing of what is asked (the same person, giving no new facts) after the agent answered the person's
-# last two messages alike does not open a task: the loop stays in view, its warnings stay where they were given,
-# before the person's next message, and its count goes on. Another person, the same ask again in the same words
-# (numbers aside: on purpose, `try it once more`), new facts (an id, a number, an address not said before), or an
-# answer that ran a call that succeeded (a lookup, a poll whose answer is news) start afresh.
-
-PERSON_MARKS_KEPT = 64  # the marks of one answer kept (a long answer's last ones do not count)
-PERSON_FACTS_KEPT = 256  # the facts a conversation's person gave, kept to tell new ones; past this, none is new
-# A reply repeated across a person's messages needs this many more turns than a reply repeated to a harness: the
-# person may push for what the agent rightly refuses, or greet it again.
-PERSON_REPLY_EXTRA = 1
-# What a person gives as a fact: an id, a number, a code (a token holding a digit), an address.
-_FACT = re.compile(r"[\w.+@-]*\d[\w.+@-]*|[\w.+-]+@[\w-]+\.[\w.]+")
-_FACT_LENGTH = 3  # shorter tokens (`2`, `a1`) are counts and choices, not facts
-# A call that hands the conversation over (to a person, another agent, another department): made again after each
-# of the person's messages it did not take effect, whatever it answered.
-_HANDOFF = re.compile(r"transfer|hand_?off|escalat", re.IGNORECASE)
-
-
-class PersonTurns:
-    """The person's latest message in a conversation and what the agent answered it (its loop marks: each call that
-    failed, by its tool and its error (a search that found nothing by the call itself); each hand-off, by the call; each reply, by its form, counted only when no
-    call of the answer succeeded), with the marks of its answer to the person's message before."""
-
-    __slots__ = ("name", "said", "at", "marks", "replies", "worked", "earlier", "facts", "before")
-
-    def __init__(self, name: str | None, said: bytes, at: int, facts: frozenset[str],
-                 earlier: frozenset[bytes] = frozenset(), before: "TaskState | None" = None) -> None:
-        self.name = name  # the person's name, where the client gives one
-        self.said = said  # what the person said (masked, numbers aside, case folded), as a digest
-        self.at = at  # the message's index
-        self.marks: set[bytes] = set()
-        self.replies: set[bytes] = set()
-        self.worked = False  # a call of the answer succeeded: its replies say what it found
-        self.earlier = earlier
-        self.facts = facts
-        self.before = before  # the task before this message opened this one, while it may be taken up again
-
-    def clone(self) -> "PersonTurns":
-        other = PersonTurns(self.name, self.said, self.at, self.facts, self.earlier, self.before)
-        other.marks, other.replies, other.worked = set(self.marks), set(self.replies), self.worked
-        return other
-
-    def answer(self) -> frozenset[bytes]:
-        """The marks of the agent's answer to this message."""
-        return frozenset(self.marks if self.worked else self.marks | self.replies)
-
-    def mark(self, kind: str, text: str) -> None:
-        marks = self.replies if kind == "R" else self.marks
-        if len(marks) < PERSON_MARKS_KEPT:
-            marks.add(digest(f"{kind}\x00{text}"))
-
-    def calls(self, calls: list[Call]) -> None:
-        """A turn's calls, as marks of the answer."""
-        for call in calls:
-            if call.said:
-                continue
-            if call.error is not None:  # one tool failing alike (its arguments aside: a date written anew); a
-                # search finding nothing is the same only for the same search
-                self.mark("E", f"{call.key if call.negative else call.name}\x00{call.error}")
-            elif _HANDOFF.search(call.name):
-                self.mark("H", call.key)
-            elif call.succeeded:
-                self.worked = True
-
-
-def _facts(text: str) -> frozenset[str]:
-    return frozenset(fact.lower() for fact in _FACT.findall(text[:4000]) if len(fact) >= _FACT_LENGTH)
-
-
-def _said(text: str) -> bytes:
-    return digest(reply_form(text))
-
-
-def _person_turns(state: TaskState, messages: list[Message], j: int, before: "TaskState | None" = None
-                  ) -> PersonTurns:
-    """The person's message at j, after the answer the state holds (the task before, when this message opens a new
-    task that the next may take up again: `_kept`)."""
-    message = messages[j]
-    last = state.persons
-    facts = _facts(message.text)
-    if last is None:
-        return PersonTurns(message.name, _said(message.text), j, facts)
-    known = last.facts
-    if len(known) < PERSON_FACTS_KEPT:
-        known = known | facts
-    # The task before may be taken up again unless this message starts afresh on its own account.
-    said = _said(message.text)
-    fresh = message.name != last.name or said == last.said or not facts <= last.facts
-    if not fresh:
-        last.before = None  # only the task just before is ever taken up again: no chain of tasks is kept
-        before = state
-    return PersonTurns(message.name, said, j, known, last.answer(), before)
-
-
-def _keeps_loop(state: TaskState, messages: list[Message], j: int) -> bool:
-    """Whether the person's message at j leaves the task open: the same person, saying something else than the
-    last time (numbers aside) and nothing new, after the agent answered their last two messages alike."""
-    last = state.persons
-    if last is None or not last.earlier:
-        return False
-    message = messages[j]
-    if message.name != last.name or trajectory(message.text):
-        return False
-    if _said(message.text) == last.said or not _facts(message.text) <= last.facts:
-        return False  # the same ask again (numbers aside), on purpose; or new facts given
-    return not last.earlier.isdisjoint(last.answer())
 
 
 def _kept(config: DetectConfig, state: TaskState, messages: list[Message], j: int, reset_at: int) -> TaskState:
@@ -841,12 +414,12 @@ def _kept(config: DetectConfig, state: TaskState, messages: list[Message], j: in
 
 def _keep(state: TaskState, messages: list[Message], j: int) -> None:
     """The person's message at j keeps the task open: their turn begins, the run of replies goes on across it."""
-    state.persons = _person_turns(state, messages, j)
+    state.persons = person_turns(state, messages, j)
     state.persons.before = None
     state.across = state.replies > 0
     state.content.reset()  # the replies on either side of it are two texts, no chant
     if j > 0 and messages[j - 1].role == ASSISTANT and len(state.harness) < HARNESS_KEPT:
-        state.harness.add(_harness_key(messages[j].text))
+        state.harness.add(harness_key(messages[j].text))
 
 
 def _assistant_turn(config: DetectConfig, state: TaskState, messages: list[Message], j: int, reset_at: int
@@ -857,14 +430,14 @@ def _assistant_turn(config: DetectConfig, state: TaskState, messages: list[Messa
     text, was_cut = model_text(message)
     opening = None
     if not message.calls:
-        if _repeats_opener(state, messages, j, reset_at):
+        if repeats_opener(state, messages, j, reset_at):
             # The text that opened this task answers again: it was the harness, and its step is one of the task
             # before, folded again from that step on.
             restored, at, key = state.before
             restored = restored.clone()
             restored.harness.add(key)
             state = _fold(config, restored, messages, at, j, reset_at)
-        at = _may_open_task(state, messages, j)
+        at = opening_answer(state, messages, j)
         if at is not None:
             snapshot = state.clone()
             snapshot.before = None
@@ -872,11 +445,11 @@ def _assistant_turn(config: DetectConfig, state: TaskState, messages: list[Messa
     state.anchor(message)
     said = None
     if message.calls:
-        results, after = _tool_results(messages, j + 1)
+        results, after = tool_results(messages, j + 1)
         calls = [make_call(call, results) for call in message.calls]
     else:
-        said = _spoken(state, messages, j, text)
-        calls, after = ([], j + 1) if said is not None else _text_steps(state, messages, j, text)
+        said = spoken(state, messages, j, text)
+        calls, after = ([], j + 1) if said is not None else acted_steps(state, messages, j, text)
     turn = Turn(config, state, j)
     # A reply that took no action: none written, or only one the harness rejected; or what it said to the person
     turn.reply(said if said is not None else
@@ -894,15 +467,10 @@ def _assistant_turn(config: DetectConfig, state: TaskState, messages: list[Messa
     return state, opening, after
 
 
-def own_reply(messages: list[Message], j: int) -> bool:
-    """The assistant message at j is a reply the agent recorded after its own preamble (Aider's `Ok.`)."""
-    return j > 0 and _own_at(messages, j - 1) == 2
-
-
 def _final_step_start(messages: list[Message]) -> int:
     """Where the messages whose results may still grow begin (the last call still unanswered)."""
     last = len(messages)
-    while last > 0 and (own_reply(messages, last - 1) or _own_at(messages, last - 1)):
+    while last > 0 and (own_reply(messages, last - 1) or own_at(messages, last - 1)):
         last -= 1  # what the agent wrote itself after a step comes before the step's answer
     if last and messages[last - 1].role == ASSISTANT and (last == len(messages) or not messages[last - 1].calls):
         return last - 1  # its answer, native or in text, is still to come
@@ -911,7 +479,7 @@ def _final_step_start(messages: list[Message]) -> int:
         if role == TOOL:
             continue
         if role == ASSISTANT and messages[j].calls:
-            results, _ = _tool_results(messages, j + 1)
+            results, _ = tool_results(messages, j + 1)
             ids = {c.id for c in messages[j].calls}
             if not ids <= results.keys():
                 return j
