@@ -66,6 +66,9 @@ async def test_the_live_proxy_logs_it_late_under_the_task_it_ended_and_warns_nob
             (session,) = [s for s in (await response.json())["data"] if s["session_id"] == "late"]
         async with http.get(f"{proxy.root}/loopwarden/api/detections", params={"action": "late"}) as response:
             assert [r["id"] for r in (await response.json())["data"]] == [row["id"]]
+        async with http.get(f"{proxy.root}/loopwarden/api/stats") as response:
+            # The contract's three actions always, a late one beside them where there is one.
+            assert (await response.json())["by_action"] == {"warned": 0, "stopped": 0, "cut": 0, "late": 1}
     assert session["status"] == "ok"  # the person's new task is not the one that chanted
     # The agent goes on in the new task: nothing more is logged for the old one.
     agent.say("Thanks. Now run the tests.")

@@ -81,7 +81,7 @@ async def test_detections_reach_the_api_with_filters_and_paging(upstream, proxy_
     assert status == 400
 
     status, stats = await api("GET", f"{base}/stats", "admin-secret")
-    assert stats["by_action"] == {"warned": 2, "stopped": 1, "cut": 0, "late": 0} and stats["sessions_affected"] == 1
+    assert stats["by_action"] == {"warned": 2, "stopped": 1, "cut": 0} and stats["sessions_affected"] == 1
     status, session = await api("GET", f"{base}/sessions/run-1", "admin-secret")
     assert status == 200 and len(session["data"][0]["timeline"]) == 3
     # The session names the agent that sent it (here the openai SDK) and its first prompt.

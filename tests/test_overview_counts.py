@@ -47,7 +47,8 @@ def expected(rows: list, since=None, tenant=None) -> dict:
     return {
         "detections": len(enforced),
         "by_type": {t: sum(r.type == t for r in enforced) for t in TYPES},
-        "by_action": {a: sum(r.action == a for r in enforced) for a in ("warned", "stopped", "cut", "late")},
+        "by_action": {**{a: sum(r.action == a for r in enforced) for a in ("warned", "stopped", "cut")},
+                      **({"late": late} if (late := sum(r.action == "late" for r in enforced)) else {})},
         "sessions_affected": len({(r.tenant, r.session_id) for r in enforced}),
         "average_turns_before_detection": round(sum(firsts) / len(firsts), 1) if firsts else None,
         "warned_tasks": warned,

@@ -21,7 +21,13 @@ from proxy.store import clean, rollup
 from proxy.store.models import (CapturedRequest, CountBucket, Detection, JudgeCheckRow, OutcomeBucket, ResumeLink, SessionCount,
                                 SessionRow, TaskOutcome)
 
-ACTIONS = tuple(action.value for action in Action)  # plain strings: keys of JSON objects
+# The actions every count lists (SPEC §6), as plain strings: keys of JSON objects. A detection found too late to act
+# on (`late`) is counted only where there is one, so the counts a client reads keep the contract's keys.
+ACTIONS = (Action.WARNED.value, Action.STOPPED.value, Action.CUT.value)
+
+
+def _by_action(counted: dict) -> dict[str, int]:
+    return {**{a: counted.get(a, 0) for a in ACTIONS}, **{a: n for a, n in counted.items() if a not in ACTIONS and n}}
 _RELATIVE = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 MAX_LIMIT = 1000
@@ -101,7 +107,7 @@ class DetectionFilter:
 
     def conditions(self) -> list:
         check_choice("type", self.type, TYPES)
-        check_choice("action", self.action, ACTIONS)
+        check_choice("action", self.action, tuple(action.value for action in Action))
         check_choice("mark", self.mark, (*MARKS, "none"))
         conditions = []
         if self.tenant is not None:
@@ -204,7 +210,7 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
         "since": iso(since),
         "detections": sum(enforced["by_type"].values()),
         "by_type": {t: enforced["by_type"].get(t, 0) for t in TYPES},
-        "by_action": {a: enforced["by_action"].get(a, 0) for a in ACTIONS},
+        "by_action": _by_action(enforced["by_action"]),
         "by_model": dict(sorted(((m, n) for m, n in enforced["by_model"].items() if n), key=lambda item: -item[1])),
         "sessions_affected": sessions,
         "average_turns_before_detection": (round(enforced["first_turns"] / enforced["first_episodes"], 1)
@@ -222,7 +228,7 @@ async def stats(engine: AsyncEngine, since: datetime | None = None, tenant: str 
         "observed": {
             "detections": sum(observed["by_type"].values()),
             "by_type": {t: observed["by_type"].get(t, 0) for t in TYPES},
-            "by_action": {a: observed["by_action"].get(a, 0) for a in ACTIONS},
+            "by_action": _by_action(observed["by_action"]),
             "would_have_stopped_tasks": observed["tasks"][2],
         },
     }
