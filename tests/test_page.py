@@ -226,3 +226,29 @@ async def test_an_alerts_link_opens_the_sessions_timeline(upstream, proxy, brows
     await until(warning_shown, True)
     watched.clean()
     await page.close()
+
+
+async def test_the_actions_card_counts_a_chant_found_too_late_only_when_there_is_one(upstream, proxy, browser):
+    from tests.test_late_chants import ANSWER, NEXT, TASK
+
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    await page.goto(f"{proxy.root}/loopwarden/")
+    await page.wait_for_selector("#cards .card")
+    assert "too late" not in await page.inner_text("#cards")  # none yet: the card reads as it always did
+    agent = Agent(proxy.url, headers={"X-Loopwarden-Session": "late"}, task=TASK)
+    upstream.script.append(Turn(content=ANSWER))  # a whole answer that chants, then the person writes next
+    await agent.turn()
+    agent.say(NEXT)
+    upstream.script.append(Turn(content="Here is the diff."))
+    await agent.turn()
+    await agent.close()
+    assert await wait_for(lambda: _late_logged(proxy))
+    await page.reload()
+    await page.wait_for_selector("#cards .card")
+    assert "warned / stopped / cut · 1 found too late to act on" in await page.inner_text("#cards")
+
+
+async def _late_logged(proxy) -> bool:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{proxy.root}/loopwarden/api/detections", params={"action": "late"}) as response:
+            return len((await response.json())["data"]) == 1

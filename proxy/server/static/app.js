@@ -144,7 +144,8 @@ async function loadOverview() {
     ...recounting,
     card("detections", stats.detections, TYPES.map((t) => `${t} ${stats.by_type[t]}`).join(" · ")),
     card("actions", `${stats.by_action.warned} / ${stats.by_action.stopped} / ${stats.by_action.cut}`,
-         "warned / stopped / cut"),
+         // A chant found once its task had ended (the person wrote next) is counted only when there is one.
+         "warned / stopped / cut" + (stats.by_action.late ? ` · ${stats.by_action.late} found too late to act on` : "")),
     card("sessions affected", stats.sessions_affected),
     card("recovery rate", rate, `${stats.recovered_tasks} of ${stats.warned_tasks} warned tasks moved on`),
     card("tokens saved", stats.tokens_saved_estimate.toLocaleString(), "estimate, a lower bound"),
