@@ -58,3 +58,42 @@ def test_the_same_block_failing_to_match_until_aider_stops_reflecting_is_warned(
         parts += [edit(search, replace), user(report)]
     state, _ = analyze(DEFAULT, conversation(*parts[:-1]))
     assert [e.type for e in episodes(DEFAULT, state)][:1] in (["tool_call"], ["tool_error"])
+
+
+def lint_after(line: str) -> str:
+    """aider's lint report for app/stats.py whose line 12 now reads `line`: the same finding, the code it quotes
+    after it as the edit left it."""
+    return ("# Fix any errors below, if possible.\n\n## Running: /usr/bin/python3 -m flake8 "
+            "--select=E9,F821,F823,F831,F406,F407,F701,F702,F704,F706 --show-source --isolated app/stats.py\n\n"
+            f"app/stats.py:12:12: F821 undefined name 'np'\n{line}\n           ^\n\n"
+            "## See relevant line below marked with █.\n\napp/stats.py:\n...⋮...\n  9│def mean(values):\n"
+            f" 10│    if not values:\n 11│        return 0.0\n 12█{line}\n")
+
+
+# Each edit a different way to call numpy, none adding the import: the linter's finding is the same after each.
+TRIES = ["    return np.mean(values)", "    return np.average(values)", "    return float(np.mean(values))",
+         "    return np.nanmean(values)"]
+
+
+def test_different_edits_each_answered_by_the_same_lint_finding_are_a_loop():
+    parts = [user("Use numpy for the mean in app/stats.py.")]
+    before = "    return sum(values) / len(values)"
+    for line in TRIES:
+        parts += [edit(before + "\n", line + "\n"), user(lint_after(line))]
+        before = line
+    state, _ = analyze(DEFAULT, conversation(*parts))
+    found = episodes(DEFAULT, state)
+    assert [e.type for e in found][:1] == ["tool_error"] and not any(e.is_stop for e in found)  # weak: warned
+
+
+def test_edits_whose_lint_findings_change_are_work_going_on():
+    parts = [user("Use numpy for the mean in app/stats.py.")]
+    findings = ["F821 undefined name 'np'", "F401 'numpy' imported but unused", "E999 SyntaxError: invalid syntax",
+                "F841 local variable 'total' is assigned to but never used"]
+    before = "    return sum(values) / len(values)"
+    for line, finding in zip(TRIES, findings):
+        report = lint_after(line).replace("F821 undefined name 'np'", finding)
+        parts += [edit(before + "\n", line + "\n"), user(report)]
+        before = line
+    state, _ = analyze(DEFAULT, conversation(*parts))
+    assert episodes(DEFAULT, state) == []
