@@ -295,3 +295,47 @@ def test_a_stop_needs_strong_evidence_and_the_strong_one_names_it():
         ("tool_error", "weak", False), ("tool_error", "weak", False), ("tool_error", "strong", True)]
     assert "last warning" in warning_text(episodes(LADDER, analyze(LADDER, conversation(
         user("go"), *[step("run_tests", {}, failing) for _ in range(4)]))[0])[1])
+
+
+# -- a sandboxed shell's frame is no part of the failure ----------------------------------------------------------
+
+def openhands_run(failure: str) -> str:
+    """OpenHands' execute_bash answer to a unittest run: a warning the environment prints first, the test's output,
+    then the lines its sandbox ends every result with."""
+    return ("/opt/miniconda3/envs/testbed/lib/python3.12/site-packages/botocore/auth.py:424: DeprecationWarning: "
+            "datetime.datetime.utcnow() is deprecated\n  datetime_now = datetime.datetime.utcnow()\n"
+            + "." * 3 + "F\n" + "=" * 70 + "\nFAIL: test_moto_matches_none_with_exists_filter (__main__.TestFilter)\n"
+            + "-" * 70 + "\nTraceback (most recent call last):\n  File \"/workspace/getmoto__moto__3.1/reproduce.py\", "
+            "line 41, in test_moto_matches_none_with_exists_filter\n    self.assertEqual(expected, actual)\n"
+            f"AssertionError: Lists differ\n\n{failure}\n\n" + "-" * 70 + "\nRan 1 test in 0.209s\n\n"
+            "FAILED (failures=1)[Python Interpreter: /opt/miniconda3/envs/testbed/bin/python]\n"
+            "root@openhands-workspace:/workspace/getmoto__moto__3.1 # \n[Command finished with exit code 1]")
+
+
+def test_a_test_rerun_whose_failure_changes_each_time_is_work_going_on_however_long_the_frame():
+    command = {"command": "cd /workspace/getmoto__moto__3.1 && python3 reproduce.py -k test_moto_matches_none"}
+    failures = ["First differing element 4:\n{'bar': '123'}\n{'foo': [], 'bar': '123'}",
+                "First list contains 1 additional elements.\nFirst extra element 5:\n{'bar': '123'}",
+                "First list contains 1 additional elements.\nFirst extra element 4:\n{'bar': '123'}",
+                "First differing element 3:\n{'foo': False}\n{'foo': None, 'bar': '123'}",
+                "Second list contains 1 additional elements.\nFirst extra element 5:\n{'foo': [], 'bar': '123'}"]
+    run = []
+    for n, failure in enumerate(failures):
+        run += [step("str_replace_editor", {"command": "str_replace", "path": "/workspace/moto/dynamodb/utils.py",
+                                            "old_str": f"key = sort_{n}", "new_str": f"key = sort_{n + 1}"},
+                     "The file /workspace/moto/dynamodb/utils.py has been edited."),
+                step("execute_bash", command, openhands_run(failure))]
+    assert found(conversation(user("Fix the filter on attributes that exist."), *run)) == []
+
+
+def test_the_same_failure_behind_the_frame_after_edits_that_change_nothing_is_still_a_loop():
+    command = {"command": "cd /workspace/getmoto__moto__3.1 && python3 reproduce.py -k test_moto_matches_none"}
+    failure = "First differing element 4:\n{'bar': '123'}\n{'foo': [], 'bar': '123'}"
+    run = []
+    for n in range(5):
+        run += [step("str_replace_editor", {"command": "str_replace", "path": "/workspace/moto/dynamodb/utils.py",
+                                            "old_str": f"# try {n}", "new_str": f"# try {n + 1}"},
+                     "The file /workspace/moto/dynamodb/utils.py has been edited."),
+                step("execute_bash", command, openhands_run(failure))]
+    assert found(conversation(user("Fix the filter on attributes that exist."), *run)) == [
+        ("tool_error", False), ("tool_error", False), ("tool_error", True)]

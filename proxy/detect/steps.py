@@ -42,6 +42,15 @@ def make_call(call: ToolCall, results: dict[str, tuple[str, bool]]) -> Call:
     return _call(call.name, canonical_arguments(call.arguments or ""), results.get(call.id))
 
 
+# The lines a sandboxed shell ends each result with (OpenHands: the interpreter, the prompt, the exit code): no
+# words of the failure, and long enough to push its last lines (a test run's assertion, its summary) out of the
+# end an error is told by.
+_FRAME_MARK = "[Command finished with exit code"
+_FRAME_READ = 600
+_SHELL_FRAME_END = re.compile(r"(?:\[Python Interpreter: [^\]\n]{0,300}\]\s*)?(?:[\w.-]+@[\w.-]+:[^\n]{0,300}?[#$]\s*)?"
+                              r"\[Command finished with exit code -?\d+\]\s*\Z")
+
+
 def _call(name: str, arguments: str, outcome: tuple[str, bool] | None, rejected: bool = False,
           said: bool = False) -> Call:
     """A step, compared by meaning: the action's name and canonical arguments, and its result (masked when
@@ -52,7 +61,7 @@ def _call(name: str, arguments: str, outcome: tuple[str, bool] | None, rejected:
     text, marked = outcome
     if not (marked or is_error_form(text)):
         return Call(name, arguments, text, said=said)
-    masked = mask(text)
+    masked = mask(_SHELL_FRAME_END.sub("", text) if _FRAME_MARK in text[-_FRAME_READ:] else text)
     missing = names_missing_program(masked, name, arguments)
     if missing is None:  # a missing program's name is no echo of the call, nor a search finding nothing
         masked = without_echo(masked, arguments)
