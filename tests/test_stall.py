@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from proxy import agents
-from proxy.detect import engine, normalize, steps, text_steps, tools
+from proxy.detect import engine, normalize, speakers, steps, text_steps, tools
 from proxy.detect.content import ContentTracker
 from proxy.detect.engine import DetectConfig, episodes
 from tests.convo import analyze, assistant, conversation, neutral, step, user
@@ -26,7 +26,7 @@ RUNS = ["0", "7", "1.", "1:", "1-", "1 ", " ", "\t", "\n", ".", ":", "-", "=", "
         "ID: ", "pid ", "\x1b[", "\x1b]", "line 1", "Error ", "FAILED ", "1 failed, ", "a(", "a:1", " in ", "T1",
         "[", "]", "a[", "]x", "\nAction: ", "Action 1: a[", "Observation 1: ", "Current Task: ", "<session_context>",
         "<read_file>\n", "<a_b>", "</a_b", "[read_file for ", "[a] Result", "1 fail\n", "# fail 1", "ℹ fail ",
-        "\nObservation:", "Action: a\nObservation: "]
+        "\nObservation:", "Action: a\nObservation: ", "a@", "a@b:", "quota ", "a.b@"]
 PREFIXES = ["", "Error: ", "Traceback (most recent call last)\n", "id: ", "line 1", "exit code ", "FAILED ", "= "]
 
 
@@ -48,11 +48,22 @@ def text_call_target(text: str) -> bytes:
     return tools.call_target(text.split(None, 1)[0] if text.split() else "", text)
 
 
+def shell_failure(text: str) -> tools.Call:
+    """A failed shell call whose output is the text, ended as OpenHands' sandbox ends every result."""
+    framed = text + "[Python Interpreter: /usr/bin/python]\nroot@sandbox:/workspace # \n[Command finished with exit code 1]"
+    return steps.text_call(text_steps.TextAction("bash", "python3 run.py"), framed, True)
+
+
+def missing_program(text: str) -> str | None:
+    return tools.names_missing_program(text + ": command not found", "bash", '{"command": "update_plan x"}')
+
+
 @pytest.mark.parametrize("read", [normalize.mask, normalize.is_error_form, normalize.canonical_arguments,
                                   normalize.excerpt, text_steps.read_actions, text_steps.observation_text,
                                   text_steps.is_observation, text_steps.inline_observation, agents.title_of,
                                   text_steps.is_progress_note, tools.shell_target, tools.changes_a_file,
-                                  tools.search_words, shell_call_target, text_call_target, steps.numbers_aside],
+                                  tools.search_words, shell_call_target, text_call_target, steps.numbers_aside,
+                                  speakers.person_facts, shell_failure, tools.is_standing, missing_program],
                          ids=lambda read: read.__name__)
 def test_each_masking_and_error_form_reading_is_linear_on_long_runs(read):
     slowest = (0.0, "")

@@ -186,7 +186,10 @@ PERSON_REPLY_EXTRA = 1
 
 
 # What a person gives as a fact: an id, a number, a code (a token holding a digit), an address.
-_FACT = re.compile(r"[\w.+@-]*\d[\w.+@-]*|[\w.+-]+@[\w-]+\.[\w.]+")
+# Read as tokens (runs of these characters), each kept when it holds a digit or is an address: one pass, where a
+# pattern finding a digit inside a run would try each run from every position.
+_TOKEN = re.compile(r"[\w.+@-]+")
+_ADDRESS = re.compile(r"[\w.+-]+@[\w-]+\.[\w.]+")
 
 
 _FACT_LENGTH = 3  # shorter tokens (`2`, `a1`) are counts and choices, not facts
@@ -245,7 +248,8 @@ class PersonTurns:
 
 
 def person_facts(text: str) -> frozenset[str]:
-    return frozenset(fact.lower() for fact in _FACT.findall(text[:4000]) if len(fact) >= _FACT_LENGTH)
+    return frozenset(token.lower() for token in _TOKEN.findall(text[:4000]) if len(token) >= _FACT_LENGTH and (
+        any(c.isdigit() for c in token) or ("@" in token and _ADDRESS.fullmatch(token))))
 
 
 def said_form(text: str) -> bytes:

@@ -42,13 +42,31 @@ def make_call(call: ToolCall, results: dict[str, tuple[str, bool]]) -> Call:
     return _call(call.name, canonical_arguments(call.arguments or ""), results.get(call.id))
 
 
-# The lines a sandboxed shell ends each result with (OpenHands: the interpreter, the prompt, the exit code): no
-# words of the failure, and long enough to push its last lines (a test run's assertion, its summary) out of the
-# end an error is told by.
-_FRAME_MARK = "[Command finished with exit code"
-_FRAME_READ = 600
-_SHELL_FRAME_END = re.compile(r"(?:\[Python Interpreter: [^\]\n]{0,300}\]\s*)?(?:[\w.-]+@[\w.-]+:[^\n]{0,300}?[#$]\s*)?"
-                              r"\[Command finished with exit code -?\d+\]\s*\Z")
+# The lines a sandboxed shell ends each result with (OpenHands: the interpreter, glued to the output's last line,
+# the prompt, the exit code): no words of the failure, and long enough to push its last lines (a test run's
+# assertion, its summary) out of the end an error is told by. Read line by line from the end: a pattern searched
+# over the whole text would try every position of a long output.
+_EXIT_LINE = "[Command finished with exit code"
+_FRAME_READ = 600  # the exit line is looked for this far from the end
+_PROMPT_LINE = re.compile(r"[\w.-]{1,100}@[\w.-]{1,100}:[^\n]{0,300}[#$]\s*")
+_INTERPRETER = "[Python Interpreter: "
+_INTERPRETER_READ = 400
+
+
+def without_shell_frame(text: str) -> str:
+    """A shell tool's result without the sandbox's closing lines, when it ends with them."""
+    if _EXIT_LINE not in text[-_FRAME_READ:]:
+        return text
+    body = text.rstrip()
+    cut = body.rfind("\n")
+    if not body.endswith("]") or not body.startswith(_EXIT_LINE, cut + 1):
+        return text
+    body = body[:max(cut, 0)]
+    cut = body.rfind("\n")
+    if _PROMPT_LINE.fullmatch(body, cut + 1):
+        body = body[:max(cut, 0)]
+    at = body.rfind(_INTERPRETER, max(len(body) - _INTERPRETER_READ, 0))
+    return body[:at] if at >= 0 and body.endswith("]") else body
 
 
 def _call(name: str, arguments: str, outcome: tuple[str, bool] | None, rejected: bool = False,
@@ -61,7 +79,7 @@ def _call(name: str, arguments: str, outcome: tuple[str, bool] | None, rejected:
     text, marked = outcome
     if not (marked or is_error_form(text)):
         return Call(name, arguments, text, said=said)
-    masked = mask(_SHELL_FRAME_END.sub("", text) if _FRAME_MARK in text[-_FRAME_READ:] else text)
+    masked = mask(without_shell_frame(text))
     missing = names_missing_program(masked, name, arguments)
     if missing is None:  # a missing program's name is no echo of the call, nor a search finding nothing
         masked = without_echo(masked, arguments)
