@@ -13,10 +13,7 @@ from proxy.detect.content_rule import short_unit_copies
 from tests.fake_upstream import Turn
 from tests.test_served_episodes import logged
 
-try:
-    from proxy.detect import _content
-except ImportError:  # built without a C compiler
-    _content = None
+from tests.test_content import _content, needs_compiled
 
 # Real shapes of this loop: a model narrating a step it never takes, or taking it in words only.
 CHECKING = "I'll check the file.\nread_file\nOK\n"  # 34 characters
@@ -26,7 +23,7 @@ FIXING = "I need to fix the import in utils.py.\nedit_file\nDone.\nNow rerun.\n"
 
 
 @pytest.fixture(scope="module", params=[
-    pytest.param("compiled", marks=pytest.mark.skipif(_content is None, reason="the compiled matcher is not built")),
+    pytest.param("compiled", marks=needs_compiled),
     "pure"])
 def matcher(request):
     return _content.ContentTracker if request.param == "compiled" else PureTracker
