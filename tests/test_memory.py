@@ -24,7 +24,7 @@ from proxy.lru import LRU
 from proxy.wire import known
 from proxy.wire.chat import ChatDialect
 from tests.agent import Agent
-from tests.convo import conversation, step, steps, user
+from tests.convo import assistant, conversation, step, steps, user
 from tests.fake_upstream import Turn
 
 LARGE = 400_000  # characters: far above anything the proxy allocates for itself
@@ -124,6 +124,14 @@ LONG_TASKS = {
         step("run", {"cmd": f"make t{k}"}, "Error: " + f"failure {k} " * 500) for k in range(n)]),
     "parallel calls": lambda n, session: conversation(user(f"Survey service {session}."), *[
         steps([(f"t{j}", {"p": f"{k}-{j}"}, f"Error: bad {k} {j}") for j in range(8)]) for k in range(n)]),
+    # A customer asking again while the agent answers alike: the task before each message is kept, should the
+    # next take it up again (a person's turns).
+    "a person's turns": lambda n, session: conversation(user(f"Update reservation {session}."), *[
+        part for k in range(n) for part in (
+            step("update_reservation", {"card": "card-" + chr(97 + k % 26) + chr(97 + k // 26 % 26)},
+                 "Error: the payment method was rejected"),
+            assistant("I could not update it. Could you confirm the payment method?"),
+            user("Please use the card I gave, " + chr(97 + k % 26) + chr(97 + k // 26 % 26) + "."))]),
 }
 
 
