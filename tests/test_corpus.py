@@ -60,6 +60,9 @@ STILL_WARNED = {
         "changes (an error is told by its start and end)",
     "swe-gym-openhands/getmoto__moto-7365-gpt4o-t1-iter50.json":
         "weak: the harness's `Please continue working on the task` answering three different replies",
+    "swe-smith-trajectories/pyupio__safety.7654596b.lm_rewrite__1swfdiwy.json":
+        "weak: SWE-agent's `<function=bash>` actions are not read, so its empty-output message reads as a harness "
+        "answering three replies",
 }
 
 
