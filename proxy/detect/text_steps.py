@@ -1,7 +1,8 @@
 """Agents that act in text: their actions read from the assistant's text, their observations recognised.
 
 Many agents never send a native tool call. They write the action in their text (ReAct's `Action:`,
-smolagents' `Calling tools:` and `<code>` blocks, SWE-agent's and mini-swe-agent's fenced command,
+smolagents' `Calling tools:` and `<code>` blocks, SWE-agent's and mini-swe-agent's fenced command, the
+`<function=bash>` blocks of SWE-agent's XML function calling (Qwen3-Coder's tool format),
 Aider's SEARCH/REPLACE blocks, Cline's, Roo Code's and Kilo Code's XML tags) and their harness answers with
 a user message (`Observation: ...`, `[read_file for 'a.py'] Result:`).
 DSPy's ReAct sends the whole trajectory inside one user message. Each function here reads one
@@ -44,6 +45,10 @@ _AIDER_BLOCK = re.compile(r"^(\S[^\n]*)\n(?:```[^\n]*\n)?<<<<<<< SEARCH\n(.*?)^=
 # A browser agent's action: one call in an inline triple-backtick span ending the message (BrowserGym's
 # ```click('a51')```, WebArena's ```click [1234]```). Read on the message's end only.
 _CALL_SPAN = re.compile(r"```([a-z_][a-z0-9_.]{0,63})(?:\((.{0,500})\)|\x20?\[(.{0,500})\])```")
+# SWE-agent's XML function calling, OpenHands' calls for models without native ones, Qwen3-Coder's tool format:
+# `<function=bash>\n<parameter=command>ls</parameter>\n</function>` (the closing tag may be cut by a stop word).
+_FUNCTION_TAG = re.compile(r"<function=([\w.-]{1,64})>(.*?)(?:</function>|\Z)", re.DOTALL)
+_PARAMETER_OPEN = re.compile(r"<parameter=([\w.-]{1,64})>\n?")
 _XML_OPEN = re.compile(r"^<([a-z][a-z0-9]*_[a-z0-9_]{1,62})>", re.MULTILINE)
 _XML_TRIED = 8  # the opening tags tried for their closing one (each search reads the rest of the text)
 _NOT_TOOLS = frozenset({"thinking", "think", "environment_details", "task", "feedback", "answer", "result"})
@@ -205,6 +210,25 @@ def _aider(text: str) -> list[TextAction] | None:
             for path, search, replace in blocks]
 
 
+def _function_tag(text: str) -> list[TextAction] | None:
+    """`<function=NAME>` blocks with `<parameter=KEY>VALUE</parameter>` inside: one action each."""
+    if "<function=" not in text:
+        return None
+    return [TextAction(name, canonical_arguments(_parameters(body))) for name, body in _FUNCTION_TAG.findall(text)] or None
+
+
+def _parameters(body: str) -> dict[str, str]:
+    """A function block's parameters, read in one pass (each closing tag with the opening tag nearest before it)."""
+    found = {}
+    for chunk in body.split("</parameter>")[:-1]:
+        at = chunk.rfind("<parameter=")
+        opening = _PARAMETER_OPEN.match(chunk, at) if at >= 0 else None
+        if opening is not None:
+            value = chunk[opening.end():]
+            found[opening.group(1)] = value[:-1] if value.endswith("\n") else value
+    return found
+
+
 def _xml_tool(text: str) -> list[TextAction] | None:
     """Cline's, Roo Code's and Kilo Code's XML tool use: `<read_file>\n<path>a.py</path>\n</read_file>`."""
     if "</" not in text:
@@ -226,7 +250,8 @@ def _dspy_answer(text: str) -> list[TextAction] | None:
     return [TextAction(name, _arguments(fields.get("next_tool_args", "")))] if name else None
 
 
-_READERS = (_smolagents, _dspy_answer, _react_json, _react, _aider, _code, _xml_tool, _call_span, _fenced)
+_READERS = (_smolagents, _dspy_answer, _react_json, _react, _aider, _code, _function_tag, _xml_tool, _call_span,
+            _fenced)
 
 
 def read_actions(text: str) -> list[TextAction] | None:
@@ -243,9 +268,10 @@ def read_actions(text: str) -> list[TextAction] | None:
 # -- the harness's answer --------------------------------------------------------------------------------
 
 # AutoGen's and AG2's code executor answers `exitcode: 1 (execution failed)\nCode output: ...`.
-# τ-bench's ReAct harness answers a tool's action with `API output: ...`.
+# τ-bench's ReAct harness answers a tool's action with `API output: ...`; SWE-agent answers a command that printed
+# nothing with its own sentence.
 _OBSERVATION_STARTS = ("Observation:", "OBSERVATION:", "Error:\n", "<returncode>", "<exception>", "Call id:",
-                       "exitcode: ", "API output: ")
+                       "exitcode: ", "API output: ", "Your command ran successfully and did not produce any output")
 _OBSERVATION_FRAME = re.compile(r"(?:Observation|OBSERVATION)(?:\x20\d+)?:")  # `Observation 3:` numbers the step
 # Cline's, Roo Code's and Kilo Code's answer to a tool written in XML, and their error when no tool was written.
 _XML_RESULT = re.compile(r"\[[a-z][a-z0-9_]{0,63}(?:\x20for\x20[^\n]{0,300}?)?\]\x20Result:")
