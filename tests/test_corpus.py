@@ -58,11 +58,9 @@ STILL_WARNED = {
     "swe-gym-openhands/getmoto__moto-5134-sonnet-iter50.json":
         "strong: one test rerun between edits whose long output keeps its start and end while the diff between "
         "changes (an error is told by its start and end)",
-    "swe-gym-openhands/getmoto__moto-7365-gpt4o-t1-iter50.json":
-        "weak: the harness's `Please continue working on the task` answering three different replies",
-    "swe-smith-trajectories/pyupio__safety.7654596b.lm_rewrite__1swfdiwy.json":
-        "weak: SWE-agent's `<function=bash>` actions are not read, so its empty-output message reads as a harness "
-        "answering three replies",
+    "swe-smith-trajectories/cantools__cantools.0c6a7871.func_pm_remove_cond__8b9tpn0f.json":
+        "strong: the reproduction script raises the same error after each edit of the code, the error it should "
+        "raise (a signal too large for its message), while the agent's new checks move",
 }
 
 

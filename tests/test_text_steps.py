@@ -369,3 +369,56 @@ def test_the_react_papers_numbered_steps_and_bracketed_arguments_are_actions():
     assert is_observation("Observation 3: No more results.")
     assert observation_text("Observation 3: No more results.") == observation_text("Observation 5: No more results.")
     assert read_actions("The next action: none needed.") is None  # not at a line's start
+
+
+# SWE-agent with XML function calling (and Qwen3-Coder's tool format): `<function=bash>` with its parameters inside;
+# a command that printed nothing is answered with SWE-agent's own sentence.
+def function_block(command: str) -> str:
+    return f"Let's look further.\n\n<function=bash>\n<parameter=command>{command}</parameter>\n</function>"
+
+
+SWE_AGENT_NO_OUTPUT = "Your command ran successfully and did not produce any output."
+
+
+def test_swe_agents_function_blocks_are_read_as_actions():
+    assert read_actions(function_block("grep -rn FileType src")) == [
+        TextAction("bash", '{"command":"grep -rn FileType src"}')]
+    edit = ("<function=str_replace_editor>\n<parameter=command>str_replace</parameter>\n<parameter=path>/a.py"
+            "</parameter>\n<parameter=old_str>\nx = 1\n</parameter>\n<parameter=new_str>\nx = 2\n</parameter>\n")
+    assert read_actions(edit) == [TextAction("str_replace_editor", '{"command":"str_replace","new_str":"x = 2",'
+                                                                   '"old_str":"x = 1","path":"/a.py"}')]
+    assert is_observation(SWE_AGENT_NO_OUTPUT)
+
+
+def test_swe_agents_searches_that_print_nothing_are_steps_not_replies_the_harness_rejects():
+    # Before they were read, each search was a reply and SWE-agent's sentence the harness answering it alike.
+    searches = ['grep -rl "class FileType" /testbed', 'grep -rl "FileType =" /testbed', "find /testbed -name file.py",
+                'grep -rl "enum.*FileType" /testbed']
+    run = [(function_block(command), SWE_AGENT_NO_OUTPUT) for command in searches]
+    run.append((function_block("grep -n import /testbed/safety/scan/main.py"),
+                "OBSERVATION:\n3:from safety_schemas.models import FileType\n"))
+    assert kinds(chat("Fix the scan.", run), DetectConfig()) == []
+
+
+def test_swe_agents_same_failing_command_is_still_a_loop():
+    failure = "OBSERVATION:\nTraceback (most recent call last):\n  File \"/testbed/r.py\", line 3\nValueError: bad\n"
+    run = [(function_block("python /testbed/r.py"), failure)] * 3
+    assert kinds(chat("Fix the scan.", run), DetectConfig()) == [(1, "tool_call", False)]
+
+
+OPENHANDS_NUDGE = ("Please continue working on the task on whatever approach you think is suitable. If you think you "
+                   "have solved the task, please first send your answer to user through message and then finish the "
+                   "interaction.\nIMPORTANT: YOU SHOULD NEVER ASK FOR HUMAN HELP.\n")
+
+
+def test_replies_each_nudged_to_go_on_need_one_more_than_replies_an_error_answers():
+    # OpenHands answers a reply without a tool call with its nudge; a model that believes it is done summarises
+    # again. Three summaries then `finish` is an ending; a fourth is the model stuck replying.
+    summaries = ["### Summary\n1. Decimal arithmetic fixed in dynamo_type.py.", "### Key actions\n- Updated DynamoType.",
+                 "The fix is complete: DynamoType keeps Decimal precision.", "To recap, the change is in place."]
+    assert kinds(chat("Fix the Decimal handling.", [(s, OPENHANDS_NUDGE) for s in summaries[:3]]), DetectConfig()) == []
+    found = kinds(chat("Fix the Decimal handling.", [(s, OPENHANDS_NUDGE) for s in summaries]), DetectConfig())
+    assert found == [(1, "tool_error", False)]
+    # Cline's error for the same thing counts at the third, as before.
+    cline = [(s, CLINE_NO_TOOL) for s in summaries[:3]]
+    assert kinds(chat("Fix the Decimal handling.", cline), DetectConfig()) == [(1, "tool_error", False)]

@@ -85,7 +85,8 @@ def _call(name: str, arguments: str, outcome: tuple[str, bool] | None, rejected:
         masked = without_echo(masked, arguments)
     if missing is None and is_negative_answer(masked):  # told by its first sentence: the suggestions after it change each search
         return Call(name, arguments, text, first_sentence(masked), negative=True, rejected=rejected, said=said)
-    return Call(name, arguments, text, error_text(masked), rejected=rejected, said=said)
+    return Call(name, arguments, text, error_text(masked), rejected=rejected, said=said,
+                nudged=said and rejected and not is_error_form(text))
 
 
 # A Python traceback's frame names the line it ran: code edited around the failure moves it, the failure is the same.

@@ -15,9 +15,10 @@ MAX_CYCLE = 8
 # Cycles longer than this need one round fewer: 4 rounds of a 6-call cycle are 24 calls of the same thing.
 LONG_CYCLE = 6
 ERROR_REPEATS = 3
-# A short answer that only says nothing was found is weaker evidence than an error: searching again with new terms
-# and finding nothing is the search at work, so different calls it answers need one more of them.
-NEGATIVE_EXTRA = 1
+# A short answer that only says nothing was found, or a harness's nudge to go on, is weaker evidence than an error
+# (searching again with new terms and finding nothing is the search at work; a model answering in text again may be
+# done): different calls it answers need one more of them.
+WEAKER_EXTRA = 1
 # An error text this long or shorter is the whole (masked) answer; a longer one is its start and end.
 WHOLE_ERROR = 500
 # Past this many times the threshold, identical calls in a row, or rounds of the same calls in the same order,
@@ -187,10 +188,11 @@ class Call:
     name and arguments came before is. So the raw result is kept until the first comparison, or until the
     tracker settles its last calls at the end of a fold, and then dropped for its digest and excerpt."""
 
-    __slots__ = ("key", "name", "arguments", "error", "negative", "rejected", "said", "_raw", "_result", "_excerpt")
+    __slots__ = ("key", "name", "arguments", "error", "negative", "rejected", "said", "nudged", "_raw", "_result",
+                 "_excerpt")
 
     def __init__(self, name: str, arguments: str, raw_result: str | None = None, error: str | None = None,
-                 negative: bool = False, rejected: bool = False, said: bool = False) -> None:
+                 negative: bool = False, rejected: bool = False, said: bool = False, nudged: bool = False) -> None:
         self.key = f"{name}\x00{arguments}"
         self.name = name
         self.arguments = arguments  # canonical arguments
@@ -198,6 +200,9 @@ class Call:
         self.negative = negative  # the error is a short answer that only says nothing was found
         self.rejected = rejected  # the harness refused the step before running it (its format error)
         self.said = said  # the step is the model's text with no action in it, which the harness answered
+        # that text was answered by the harness's own words again, words with no error in them (OpenHands' `Please
+        # continue working on the task`): a nudge, weaker evidence than an error
+        self.nudged = nudged
         self._raw = raw_result
         self._result: bytes | None = None
         self._excerpt = ""
@@ -249,8 +254,9 @@ def _same(a: Call, b: Call) -> bool:
 
 
 def _different_calls_needed(call: Call, error_repeats: int) -> int:
-    """How many different calls one error must answer to be a loop."""
-    return error_repeats + NEGATIVE_EXTRA if call.negative else error_repeats
+    """How many different calls one error must answer to be a loop: one more for an answer weaker than an error
+    (a search finding nothing, a nudge to go on)."""
+    return error_repeats + WEAKER_EXTRA if call.negative or call.nudged else error_repeats
 
 
 def cycle_rounds(period: int, threshold: int) -> int:
