@@ -422,3 +422,21 @@ def test_replies_each_nudged_to_go_on_need_one_more_than_replies_an_error_answer
     # Cline's error for the same thing counts at the third, as before.
     cline = [(s, CLINE_NO_TOOL) for s in summaries[:3]]
     assert kinds(chat("Fix the Decimal handling.", cline), DetectConfig()) == [(1, "tool_error", False)]
+
+
+def test_openhands_without_native_tool_calls_is_read_as_steps_and_its_results_start_no_task():
+    # OpenHands writes a tool call as a `<function=...>` block for a model without native ones, and its result as a
+    # user message `EXECUTION RESULT of [execute_bash]:`.
+    def result(output: str, code: int = 1) -> str:
+        return f"EXECUTION RESULT of [execute_bash]:\n{output}\n[Command finished with exit code {code}]"
+
+    failing = [(function_block("cd /workspace && python -m pytest tests/test_app.py -x"),
+                result("E   ImportError: cannot import name 'parse' from 'app'\n1 error in 0.12s"))] * 3
+    assert kinds(chat("Fix the import.", failing), DetectConfig()) == [(1, "tool_call", False)]
+    state, _ = analyze(DetectConfig(), chat("Fix the import.", failing))
+    assert state.start == 2  # the results are the harness's, not a person's new request
+    exploring = [(function_block(f"cat src/{name}.py"), result(f"def {name}(): ...", 0))
+                 for name in ("app", "parse", "cli", "config", "models", "views", "util", "tests")]
+    assert kinds(chat("Fix the import.", exploring), DetectConfig()) == []
+    state, _ = analyze(DetectConfig(), chat("Fix the import.", exploring))
+    assert (state.start, state.turns) == (2, 8)  # one task of eight steps, not eight requests of a person

@@ -269,9 +269,11 @@ def read_actions(text: str) -> list[TextAction] | None:
 
 # AutoGen's and AG2's code executor answers `exitcode: 1 (execution failed)\nCode output: ...`.
 # τ-bench's ReAct harness answers a tool's action with `API output: ...`; SWE-agent answers a command that printed
-# nothing with its own sentence.
+# nothing with its own sentence; OpenHands, for a model without native tool calls, its `<function=...>` block with
+# `EXECUTION RESULT of [execute_bash]:`.
 _OBSERVATION_STARTS = ("Observation:", "OBSERVATION:", "Error:\n", "<returncode>", "<exception>", "Call id:",
-                       "exitcode: ", "API output: ", "Your command ran successfully and did not produce any output")
+                       "exitcode: ", "API output: ", "Your command ran successfully and did not produce any output",
+                       "EXECUTION RESULT of [")
 _OBSERVATION_FRAME = re.compile(r"(?:Observation|OBSERVATION)(?:\x20\d+)?:")  # `Observation 3:` numbers the step
 # Cline's, Roo Code's and Kilo Code's answer to a tool written in XML, and their error when no tool was written.
 _XML_RESULT = re.compile(r"\[[a-z][a-z0-9_]{0,63}(?:\x20for\x20[^\n]{0,300}?)?\]\x20Result:")
