@@ -26,7 +26,8 @@ RUNS = ["0", "7", "1.", "1:", "1-", "1 ", " ", "\t", "\n", ".", ":", "-", "=", "
         "ID: ", "pid ", "\x1b[", "\x1b]", "line 1", "Error ", "FAILED ", "1 failed, ", "a(", "a:1", " in ", "T1",
         "[", "]", "a[", "]x", "\nAction: ", "Action 1: a[", "Observation 1: ", "Current Task: ", "<session_context>",
         "<read_file>\n", "<a_b>", "</a_b", "[read_file for ", "[a] Result", "1 fail\n", "# fail 1", "ℹ fail ",
-        "\nObservation:", "Action: a\nObservation: ", "a@", "a@b:", "quota ", "a.b@"]
+        "\nObservation:", "Action: a\nObservation: ", "a@", "a@b:", "quota ", "a.b@", "<function=a>",
+        "<parameter=a>", "</parameter>", "<function=a><parameter=b>"]
 PREFIXES = ["", "Error: ", "Traceback (most recent call last)\n", "id: ", "line 1", "exit code ", "FAILED ", "= "]
 
 
