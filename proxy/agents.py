@@ -235,6 +235,13 @@ _LEADING_BLOCKS = re.compile(r"\A(?:\s*<(system-reminder|environment_context|use
 _FRAMING = re.compile(r"\A\s*(?:Current Task:|New task:)\s*")
 _CRITERIA = "\n\nThis is the expected criteria for your final answer:"
 
+# OpenHands, for a model without native tool calls, opens the first user message with a worked example (about 7 KB)
+# and frames the person's task after it.
+_EXAMPLE_START = "Here's a running example of how to perform a task with the provided tools."
+_EXAMPLE_TASK = "--------------------- NEW TASK DESCRIPTION ---------------------\n"
+_EXAMPLE_TASK_END = "\n--------------------- END OF NEW TASK DESCRIPTION"
+_EXAMPLE_READ = 32_000  # the task's frame is looked for this far into the message
+
 # Context an agent appends to a person's words in the same message (Kilo Code's, Cline's, Roo Code's).
 _TRAILING_BLOCKS = re.compile(r"<environment_details>.*?</environment_details>", re.DOTALL)
 
@@ -246,6 +253,9 @@ def title_of(prompt: str) -> str | None:
     120 characters. None for an empty prompt."""
     if not prompt:
         return None
+    example_end = prompt.find(_EXAMPLE_TASK, 0, _EXAMPLE_READ) if prompt.startswith(_EXAMPLE_START) else -1
+    if example_end >= 0:  # OpenHands' worked example, for a model without native tool calls, then the task
+        prompt = prompt[example_end + len(_EXAMPLE_TASK):].split(_EXAMPLE_TASK_END, 1)[0]
     text = _TRAILING_BLOCKS.sub("", _LEADING_BLOCKS.sub("", prompt, count=1)[:_TITLE_READ * 4])
     framed = _FRAMING.match(text)
     if framed is not None:

@@ -152,3 +152,19 @@ def test_an_agent_frameworks_framing_and_gemini_clis_context_are_not_the_title()
     assert title_of(crewai) == "Find the bug in calc.py"
     assert title_of("New task:\nFind the bug in calc.py") == "Find the bug in calc.py"  # smolagents
     assert title_of('Fix the "login" page') == 'Fix the "login" page'  # quotes inside a prompt stay
+
+
+def test_openhands_worked_example_before_the_task_is_not_the_title():
+    # OpenHands' first user message for a model without native tool calls (SDK 1.58): a worked example, then the task.
+    example = ("Here's a running example of how to perform a task with the provided tools.\n\n"
+               "--------------------- START OF EXAMPLE ---------------------\n\nUSER: Create a list of numbers from 1 "
+               "to 10, and display them in a web page at port 5000.\n\nASSISTANT: Sure! Let me first check the "
+               "current directory:\n<function=terminal>\n<parameter=command>\npwd && ls\n</parameter>\n</function>\n"
+               + "USER: EXECUTION RESULT of [terminal]:\n/workspace\n" * 200
+               + "--------------------- END OF EXAMPLE ---------------------\n\n")
+    prompt = (example + "--------------------- NEW TASK DESCRIPTION ---------------------\nThe test in "
+              "tests/test_x.py fails. Find out why and fix it.\n--------------------- END OF NEW TASK DESCRIPTION "
+              "---------------------\n\nPLEASE follow the format strictly! PLEASE EMIT ONE AND ONLY ONE FUNCTION "
+              "CALL PER MESSAGE.\n")
+    assert len(example) > 7000
+    assert title_of(prompt) == "The test in tests/test_x.py fails. Find out why and fix it."

@@ -426,9 +426,9 @@ def test_replies_each_nudged_to_go_on_need_one_more_than_replies_an_error_answer
 
 def test_openhands_without_native_tool_calls_is_read_as_steps_and_its_results_start_no_task():
     # OpenHands writes a tool call as a `<function=...>` block for a model without native ones, and its result as a
-    # user message `EXECUTION RESULT of [execute_bash]:`.
+    # user message `EXECUTION RESULT of [terminal]:` (SDK 1.58; `[execute_bash]` before).
     def result(output: str, code: int = 1) -> str:
-        return f"EXECUTION RESULT of [execute_bash]:\n{output}\n[Command finished with exit code {code}]"
+        return f"EXECUTION RESULT of [terminal]:\n{output}\n[Command finished with exit code {code}]"
 
     failing = [(function_block("cd /workspace && python -m pytest tests/test_app.py -x"),
                 result("E   ImportError: cannot import name 'parse' from 'app'\n1 error in 0.12s"))] * 3

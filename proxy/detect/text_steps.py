@@ -270,7 +270,7 @@ def read_actions(text: str) -> list[TextAction] | None:
 # AutoGen's and AG2's code executor answers `exitcode: 1 (execution failed)\nCode output: ...`.
 # τ-bench's ReAct harness answers a tool's action with `API output: ...`; SWE-agent answers a command that printed
 # nothing with its own sentence; OpenHands, for a model without native tool calls, its `<function=...>` block with
-# `EXECUTION RESULT of [execute_bash]:`.
+# `EXECUTION RESULT of [terminal]:` (`[execute_bash]` in its versions before the SDK).
 _OBSERVATION_STARTS = ("Observation:", "OBSERVATION:", "Error:\n", "<returncode>", "<exception>", "Call id:",
                        "exitcode: ", "API output: ", "Your command ran successfully and did not produce any output",
                        "EXECUTION RESULT of [")
