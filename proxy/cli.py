@@ -285,3 +285,9 @@ def _serve(settings: Settings, *, migrate: bool, verbose: bool = False) -> int:
         print(f"loopwarden: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_RUNTIME
     return 0
+
+
+if __name__ == "__main__":  # `python -m proxy.cli` runs the same command line as `python -m proxy` and `loopwarden`
+    from proxy.cli import main as _main  # the module proper, not this copy run as `__main__`
+
+    raise SystemExit(_main())

@@ -135,3 +135,9 @@ async def test_the_start_line_says_where_the_database_is(upstream, tmp_path):
         _, stderr = await asyncio.to_thread(process.communicate, timeout=30)
     (line,) = [line for line in stderr.decode().splitlines() if "listening on" in line]
     assert f"database: SQLite {Path(tmp_path, 'relative.db')}" in line and upstream.url in line
+
+
+def test_the_cli_module_run_directly_is_the_command_line_not_a_silent_exit():
+    done = subprocess.run([sys.executable, "-m", "proxy.cli", "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and "serve" in done.stdout
