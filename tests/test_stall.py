@@ -28,6 +28,9 @@ RUNS = ["0", "7", "1.", "1:", "1-", "1 ", " ", "\t", "\n", ".", ":", "-", "=", "
         "<read_file>\n", "<a_b>", "</a_b", "[read_file for ", "[a] Result", "1 fail\n", "# fail 1", "ℹ fail ",
         "\nObservation:", "Action: a\nObservation: ", "a@", "a@b:", "quota ", "a.b@", "<function=a>",
         "<parameter=a>", "</parameter>", "<function=a><parameter=b>"]
+# The content layer in plain Python reads 100,000 one-character lines in code in about a second on a slow machine
+# (each line its own step); a quadratic read of them takes minutes.
+CONTENT_BOUND_S = 5.0
 PREFIXES = ["", "Error: ", "Traceback (most recent call last)\n", "id: ", "line 1", "exit code ", "FAILED ", "= "]
 
 
@@ -85,7 +88,7 @@ def test_the_content_layer_is_linear_on_long_runs_in_prose_and_in_code(run):
         began = time.perf_counter()
         tracker.feed(opening + run * (SIZE // len(run)))
         tracker.end_message()
-        assert time.perf_counter() - began < BOUND_S, f"{run[:12]!r} after {opening!r}"
+        assert time.perf_counter() - began < CONTENT_BOUND_S, f"{run[:12]!r} after {opening!r}"
 
 
 def test_a_digit_run_is_still_masked_where_it_is_noise():
