@@ -50,17 +50,19 @@ def test_a_labelled_run_gets_the_verdict_its_label_gives(run):
 # Benign runs the default settings still warn, never stopped, and why: false positives known and counted
 # (bench/corpus.py lists them, BENCHMARKS.md reports them), not hidden. A run leaves this list when a rule stops
 # warning it (the test below then fails until it is taken out); none may join it unseen, and none may be stopped.
-STILL_WARNED = {
-    "mini-swe-agent-gemini3/pylint-dev__pylint-7080.json":
-        "weak: the same inline script run twice and a variant, each failing with one regex error, no success between",
-    "mini-swe-agent-gemini3/pylint-dev__pylint-8898.json":
-        "weak: pylint run on one file with five option values in a row, the same report each time: probing an option",
-    "swe-gym-openhands/getmoto__moto-5134-sonnet-iter50.json":
-        "strong: one test rerun after sort-key rewrites, its assertion the same but for its line number at "
-        "messages 76, 82 and 86 (the label reads every rerun as moving)",
-    "swe-smith-trajectories/cantools__cantools.0c6a7871.func_pm_remove_cond__8b9tpn0f.json":
-        "strong: the reproduction script raises the same error after each edit of the code, the error it should "
-        "raise (a signal too large for its message), while the agent's new checks move",
+STILL_WARNED = {  # run: (the strength of its evidence, why)
+    "mini-swe-agent-gemini3/pylint-dev__pylint-7080.json": (
+        "weak", "the same inline script run twice and a variant, each failing with one regex error, no success "
+        "between"),
+    "mini-swe-agent-gemini3/pylint-dev__pylint-8898.json": (
+        "weak", "pylint run on one file with five option values in a row, the same report each time: probing an "
+        "option"),
+    "swe-gym-openhands/getmoto__moto-5134-sonnet-iter50.json": (
+        "strong", "one test rerun after sort-key rewrites, its assertion the same but for its line number at messages "
+        "76, 82 and 86 (the label reads every rerun as moving)"),
+    "swe-smith-trajectories/cantools__cantools.0c6a7871.func_pm_remove_cond__8b9tpn0f.json": (
+        "strong", "the reproduction script raises the same error after each edit of the code, the error it should "
+        "raise (a signal too large for its message), while the agent's new checks move"),
 }
 
 
@@ -69,7 +71,8 @@ def test_no_benign_run_of_any_part_is_flagged_with_the_default_settings(run):
     found = episodes_of(run, DetectConfig())
     if run in STILL_WARNED:
         assert found, f"{run} is no longer warned: take it out of STILL_WARNED"
-        assert {e["action"] for e in found} == {"warned"}, found  # warned, never stopped
+        strength, _why = STILL_WARNED[run]
+        assert {(e["action"], e["detail"]["strength"]) for e in found} == {("warned", strength)}, found  # never stopped
     else:
         assert found == [], f"{run}: a benign run was flagged"
 

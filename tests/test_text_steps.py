@@ -414,7 +414,8 @@ OPENHANDS_NUDGE = ("Please continue working on the task on whatever approach you
 def test_replies_each_nudged_to_go_on_need_one_more_than_replies_an_error_answers():
     # OpenHands answers a reply without a tool call with its nudge; a model that believes it is done summarises
     # again. Three summaries then `finish` is an ending; a fourth is the model stuck replying.
-    summaries = ["### Summary\n1. Decimal arithmetic fixed in dynamo_type.py.", "### Key actions\n- Updated DynamoType.",
+    summaries = ["### Summary\n1. Decimal arithmetic fixed in dynamo_type.py.",
+                 "### Key actions\n- Updated DynamoType.",
                  "The fix is complete: DynamoType keeps Decimal precision.", "To recap, the change is in place."]
     assert kinds(chat("Fix the Decimal handling.", [(s, OPENHANDS_NUDGE) for s in summaries[:3]]), DetectConfig()) == []
     found = kinds(chat("Fix the Decimal handling.", [(s, OPENHANDS_NUDGE) for s in summaries]), DetectConfig())

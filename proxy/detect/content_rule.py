@@ -400,7 +400,9 @@ class ContentTracker:
                     periods[p] = 0
                     continue
                 periods[p] += 1
-                if periods[p] + p >= DEGENERATE_CHARS:
+                # Tested once, as the run reaches the length: every later unit of the same run is a rotation of this
+                # one, blank if it is.
+                if periods[p] + p == DEGENERATE_CHARS:
                     unit = joined[i - p + 1:i + 1]
                     if unit.strip():
                         return Chant(unit, (periods[p] + p) // p)

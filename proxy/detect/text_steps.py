@@ -214,7 +214,8 @@ def _function_tag(text: str) -> list[TextAction] | None:
     """`<function=NAME>` blocks with `<parameter=KEY>VALUE</parameter>` inside: one action each."""
     if "<function=" not in text:
         return None
-    return [TextAction(name, canonical_arguments(_parameters(body))) for name, body in _FUNCTION_TAG.findall(text)] or None
+    return [TextAction(name, canonical_arguments(_parameters(body)))
+            for name, body in _FUNCTION_TAG.findall(text)] or None
 
 
 def _parameters(body: str) -> dict[str, str]:
