@@ -51,9 +51,6 @@ def test_a_labelled_run_gets_the_verdict_its_label_gives(run):
 # (bench/corpus.py lists them, BENCHMARKS.md reports them), not hidden. A run leaves this list when a rule stops
 # warning it (the test below then fails until it is taken out); none may join it unseen, and none may be stopped.
 STILL_WARNED = {  # run: (the strength of its evidence, why)
-    "mini-swe-agent-gemini3/pylint-dev__pylint-7080.json": (
-        "weak", "the same inline script run twice and a variant, each failing with one regex error, no success "
-        "between"),
     "mini-swe-agent-gemini3/pylint-dev__pylint-8898.json": (
         "weak", "pylint run on one file with five option values in a row, the same report each time: probing an "
         "option"),

@@ -825,15 +825,21 @@ def test_one_tool_failing_alike_for_different_calls_with_other_steps_between_is_
                                                           "python manage.py migrate --noinput",
                                                           "DJANGO_SETTINGS_MODULE=app.settings python manage.py migrate",
                                                           "python manage.py migrate app",
-                                                          "python3 manage.py migrate")]
+                                                          "python3 manage.py migrate",
+                                                          "python manage.py migrate --plan")]
     read = step("read_file", {"path": "settings.py"}, "DATABASES = {...}")
-    history = [run[0], read, run[1], read, run[2], run[3], run[4]]
+    history = [run[0], read, run[1], read, run[2], run[3], run[4], run[5]]
+    # Different calls meeting one error are weak evidence: one more than the threshold, the 4th such call.
+    found = eps(conversation(user("set up the database"), *history[:5]), LADDER_OF_THREE)
+    assert found == []
     found = eps(conversation(user("set up the database"), *history), LADDER_OF_THREE)
-    assert [(e.number, e.type, e.turn) for e in found][:1] == [(1, "tool_error", 5)]
+    assert [(e.number, e.type, e.turn, e.detail["strength"]) for e in found][:1] == [(1, "tool_error", 6, "weak")]
     assert [c["arguments"] for c in found[0].detail["calls"]][0] == '{"command":"python manage.py migrate"}'
-    # The ladder of five waits for five such calls.
+    # The ladder of five waits for six such calls.
+    five = eps(conversation(user("set up the database"), *history[:7]), DEFAULT)
+    assert five == []
     five = eps(conversation(user("set up the database"), *history), DEFAULT)
-    assert [(e.type, e.turn) for e in five] == [("tool_error", 7)]
+    assert [(e.type, e.turn) for e in five] == [("tool_error", 8)]
     # Different failures of one tool are debugging, not a loop.
     moving = [step("bash", {"command": f"pytest -k t{i}"}, f"Error: test t{i} failed: assert {i} == 0")
               for i in range(5)]

@@ -339,3 +339,86 @@ def test_the_same_failure_behind_the_frame_after_edits_that_change_nothing_is_st
                 step("execute_bash", command, openhands_run(failure))]
     assert found(conversation(user("Fix the filter on attributes that exist."), *run)) == [
         ("tool_error", False), ("tool_error", False), ("tool_error", True)]
+
+
+# -- variants of a failing call: weaker than one call failing alike ---------------------------------------------
+
+REGEX_ERROR = ran("Traceback (most recent call last):\n  File \"/testbed/test_regex.py\", line 4, in <module>\n"
+                  "    pattern = re.compile(regex_str)\n  File \"/usr/lib/python3.9/sre_parse.py\", line 427, in _escape\n"
+                  "    raise source.error(\"bad escape %s\" % escape, len(escape))\nre.error: bad escape \\g at position 4\n",
+                  1)
+
+
+def regex_probe(literal: str) -> list[dict]:
+    """An inline script written and run in one command, its regex written as `literal`."""
+    return bash(f"cat <<EOF > test_regex.py\nimport re\nregex_str = {literal}\npattern = re.compile(regex_str)\n"
+                "print(pattern)\nEOF\npython3 test_regex.py", REGEX_ERROR)
+
+
+def test_a_variant_then_the_first_form_again_meeting_one_error_is_how_a_cause_is_found():
+    # Gemini 3 in mini-swe-agent: a regex written one way, another, then the first again, each failing with one
+    # error, before it sees that the shell ate its backslashes; then it goes on. Three different-or-returning
+    # calls meeting one error are weak evidence: one more is needed.
+    first, variant = "r'^src\\\\gen\\\\about\\\\.py$'", "'^src\\\\\\\\gen\\\\\\\\about\\\\\\\\.py$'"
+    run = [bash("ls", ran("pylint\ntests\n")), regex_probe(first), regex_probe(variant), regex_probe(first)]
+    assert found(conversation(user(PR), *run)) == []
+    # A fourth variant meeting it is a loop: warned, as weak evidence never stopped.
+    run.append(regex_probe("r'^src[\\\\]gen'"))
+    state, _ = analyze(LADDER, conversation(user(PR), *run))
+    assert [(e.type, e.detail["strength"], e.is_stop) for e in episodes(LADDER, state)] == [
+        ("tool_error", "weak", False)]
+
+
+def test_a_blind_retry_among_the_calls_one_error_meets_counts_at_the_threshold():
+    # A customer-service agent: a call, then another date format, then that one again unchanged, each refused alike.
+    error = "Error: '<' not supported between instances of 'str' and 'datetime.datetime'"
+    order = {"id_cliente": "cliente_9001", "id_item": "item_0088", "cantidad_solicitada": 200}
+    run = [step("register_order", {**order, "fecha_entrega": "2024-07-27 08:00"}, error),
+           step("register_order", {**order, "fecha_entrega": "2024-07-27T08:00:00"}, error)]
+    assert found(conversation(user("Register the order, please."), *run)) == []
+    run.append(step("register_order", {**order, "fecha_entrega": "2024-07-27T08:00:00"}, error))
+    assert found(conversation(user("Register the order, please."), *run)) == [("tool_error", False)]
+
+
+MULTIPLE = ("ERROR:\nNo replacement was performed. Multiple occurrences of old_str `return pattern_type;` in lines "
+            "[317, 449]. Please ensure it is unique.")
+
+
+def test_an_edit_refused_for_the_text_it_replaces_is_the_same_call_whatever_it_would_write():
+    # OpenHands: `str_replace` of a line that occurs twice, refused alike, with a new `new_str` each time and
+    # views between: the refusal is about `old_str` alone, so it is the same call failing the same way (strong),
+    # on every ladder.
+    path = "/workspace/ponyc/src/libponyc/expr/match.c"
+    run = []
+    for n, fix in enumerate(("if(ast_id(t) == TK_ISO) t = alias(t);", "t = consume_type(t, TK_NONE);",
+                             "if(is_iso(t)) t = set_cap(t, TK_TRN);")):
+        run += [step("str_replace_editor", {"command": "view", "path": path, "view_range": [310 + n, 320]},
+                     f"Here's the result of running `cat -n` on {path}:\n   317\t      return pattern_type;\n"),
+                step("str_replace_editor", {"command": "str_replace", "path": path, "old_str": "return pattern_type;",
+                                            "new_str": f"{fix}\n      return pattern_type;"}, MULTIPLE)]
+    for config in (LADDER, DetectConfig(tool_call_threshold=5)):
+        state, _ = analyze(config, conversation(user("Fix the aliasing of iso in match."), *run))
+        assert [(e.type, e.detail["strength"]) for e in episodes(config, state)] == [("tool_error", "strong")]
+    # Edits at different places, each refused for its own text, are no such call.
+    moving = []
+    for n in range(3):
+        moving += [step("str_replace_editor", {"command": "str_replace", "path": path, "old_str": f"case TK_{n}:",
+                                               "new_str": f"case TK_{n}: break;"},
+                        f"ERROR:\nNo replacement was performed, old_str `case TK_{n}:` did not appear verbatim in "
+                        f"{path}."),
+                   step("str_replace_editor", {"command": "view", "path": path, "view_range": [300 + n, 320]},
+                        f"Here's the result of running `cat -n` on {path}:\n   31{n}\t    case TK_X{n}:\n")]
+    assert found(conversation(user("Fix the aliasing of iso in match."), *moving)) == []
+
+
+def test_openhands_error_for_an_action_it_could_not_run_is_its_harness_not_a_new_task():
+    # OpenHands answers an action it could not run with a user message ending in its own marker: the task goes on,
+    # and a loop it completes is warned in that task.
+    path = "/workspace/ponyc/src/libponyc/expr/match.c"
+    run = [step("str_replace_editor", {"command": "str_replace", "path": path, "old_str": "return pattern_type;",
+                                       "new_str": f"/* {n} */ return pattern_type;"}, MULTIPLE) for n in range(3)]
+    harness = user("Parameter 'command' is expected to be one of ['view', 'create', 'str_replace', 'insert', "
+                   "'undo_edit'].\n[Error occurred in processing last action]")
+    before, _ = analyze(LADDER, conversation(user("Fix the aliasing of iso in match."), *run))
+    state, _ = analyze(LADDER, conversation(user("Fix the aliasing of iso in match."), *run, harness))
+    assert state.start == before.start and [e.type for e in episodes(LADDER, state)] == ["tool_error"]

@@ -15,12 +15,12 @@ from proxy.detect.content import Chant
 from proxy.detect.evidence import REASONING, Chanting, Cycle, Evidence, RepeatedCall, RepeatedError
 from proxy.detect.normalize import (canonical_arguments, excerpt, first_sentence, is_error_form, is_negative_answer,
                                     is_unchanged_read, mask, without_echo)
-from proxy.detect.speakers import (NUMBERS, answered_before, from_agent, group_answer, harness_form, harness_key,
+from proxy.detect.speakers import (answered_before, from_agent, group_answer, harness_form, harness_key,
                                    system_text, user_answer)
 from proxy.detect.text_steps import (TextAction, inline_observation, is_observation, is_progress_note,
                                      observation_failed, observation_text, read_actions, spoken_action,
                                      without_reminder)
-from proxy.detect.tools import Call, ToolFinding, is_standing, missing_program, names_missing_program
+from proxy.detect.tools import Call, ToolFinding, names_missing_program, one_attempt
 
 if TYPE_CHECKING:
     from proxy.detect.engine import TaskState
@@ -175,25 +175,13 @@ def tool_evidence(found: ToolFinding) -> Evidence:
         # Its start and its end: where a traceback's exception and a test run's summary are.
         error = error if len(error) <= 200 else f"{error[:80]} … {error[-115:]}"
         differed = len({c.key for c in found.calls}) > 1  # one error answering different calls
-        # Calls alike but for their numbers are one call made again, unless the error says every further attempt
-        # fails alike: then each is a new call (the next file to download) meeting the same wall, weak evidence.
-        # A program that does not exist never ran, whatever it was given: its calls are one call.
-        alike = differed and (len({missing_program(c) for c in found.calls} - {None}) == 1
-                              and all(missing_program(c) for c in found.calls)
-                              or len({numbers_aside(c.key) for c in found.calls}) == 1
-                              and not is_standing(first.error or ""))
+        alike = differed and one_attempt(found.calls)
         return RepeatedError(**call, error=error, calls=tuple((c.name, excerpt(c.arguments, 60))
                                                               for c in found.calls) if differed else (), alike=alike)
     if found.idle:  # calls that each did nothing, in whatever form
         call["arguments"] = excerpt("; ".join(c.arguments for c in found.calls), 120)
         return RepeatedCall(**call, same_result=False, idle=True)
     return RepeatedCall(**call, same_result=found.same_result)
-
-
-def numbers_aside(key: str) -> str:
-    """A call's name and arguments, numbers and white space aside: calls that differ in nothing else are the same
-    call made again (a coder's `# attempt 3`, then `# attempt 4`, over the same code)."""
-    return NUMBERS.sub("\x00", "".join(key.split()))
 
 
 def _readable(masked: str) -> str:

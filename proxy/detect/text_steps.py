@@ -284,6 +284,8 @@ _XML_HARNESS_ERROR = "[ERROR] You did not use a tool in your previous response!"
 _AIDER_LINT = "# Fix any errors below, if possible."
 
 _SWE_AGENT_TAIL = re.compile(r"\(Current directory: [^\n]*\)\s*(?:bash-\$)?\s*\Z")
+# OpenHands' error for an action it could not run, sent as a user message (a tool call it could not parse).
+_OPENHANDS_ERROR_TAIL = "[Error occurred in processing last action]"
 
 
 def is_observation(text: str) -> bool:
@@ -298,6 +300,8 @@ def is_observation(text: str) -> bool:
     if head.startswith(_AIDER_LINT):
         return True  # Aider's linter after an edit: `# Fix any errors below, if possible.`
     tail = text[-300:]
+    if tail.rstrip().endswith(_OPENHANDS_ERROR_TAIL):
+        return True
     return "(Current directory: " in tail and _SWE_AGENT_TAIL.search(tail) is not None
 
 
@@ -305,7 +309,8 @@ def observation_failed(text: str) -> bool:
     """An observation whose harness frame says the action failed (beyond what its text's form says)."""
     head = text.lstrip()[:200]
     return head.startswith(("<exception>", _XML_HARNESS_ERROR, _AIDER_LINT)) or (
-        "SEARCH/REPLACE block" in head and "failed to match" in head)
+        "SEARCH/REPLACE block" in head and "failed to match" in head) \
+        or text[-100:].rstrip().endswith(_OPENHANDS_ERROR_TAIL)
 
 
 # What a harness prints when an edit went through or when it takes up the next request (aider's `Applied edit to

@@ -15,9 +15,11 @@ MAX_CYCLE = 8
 # Cycles longer than this need one round fewer: 4 rounds of a 6-call cycle are 24 calls of the same thing.
 LONG_CYCLE = 6
 ERROR_REPEATS = 3
-# A short answer that only says nothing was found, or a harness's nudge to go on, is weaker evidence than an error
+# Different calls meeting one error are weaker evidence than one call failing alike (a variant tried, then another,
+# is how a cause is found), and so is a short answer that only says nothing was found or a harness's nudge to go on
 # (searching again with new terms and finding nothing is the search at work; a model answering in text again may be
-# done): different calls it answers need one more of them.
+# done): they need one more. Different calls meeting an error, one of them made again at once, unchanged (a blind
+# retry), need no more than the same call would.
 WEAKER_EXTRA = 1
 # An error text this long or shorter is the whole (masked) answer; a longer one is its start and end.
 WHOLE_ERROR = 500
@@ -163,12 +165,36 @@ _TARGET_WHOLE = 512
 
 def call_target(name: str, arguments: str) -> bytes:
     """What identifies a call as the same call again, as a digest: what a shell command runs, whatever tool ran
-    it and whatever its options and working directory; else the tool and its canonical arguments."""
+    it and whatever its options and working directory; the place a replacing edit changes (its file and the text
+    it replaces), whatever it writes there; else the tool and its canonical arguments."""
     command = shell_command(name, arguments)
-    target = f"{name}\x00{arguments}" if command is None else "\x02" + _shell_target(command[:_COMMAND_HEAD])
+    if command is not None:
+        target = "\x02" + _shell_target(command[:_COMMAND_HEAD])
+    else:
+        place = edit_place(arguments)
+        target = f"{name}\x00{arguments}" if place is None else f"{name}\x03{place}"
     if len(target) > _TARGET_WHOLE:
         target = f"{target[:256]}\x00{target[-256:]}\x00{len(target)}"
     return digest(target)
+
+
+_OLD_KEYS = ("old_str", "old_string", "oldString")
+
+
+def edit_place(arguments: str) -> str | None:
+    """The file and the text a replacing edit's arguments replace (`str_replace`'s `old_str`), or None: an edit
+    written again with other new text at the same place is the same attempt, not a new call."""
+    if not any(f'"{key}"' in arguments for key in _OLD_KEYS):
+        return None
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    old = next((value[key] for key in _OLD_KEYS if isinstance(value.get(key), str)), None)
+    path = next((value[key] for key in _FILE_KEYS if isinstance(value.get(key), str)), None)
+    return None if old is None or path is None else f"{path}\x00{old}"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -253,10 +279,43 @@ def _same(a: Call, b: Call) -> bool:
     return a.key == b.key and (a.result is None or b.result is None or a.result == b.result)
 
 
-def _different_calls_needed(call: Call, error_repeats: int) -> int:
-    """How many different calls one error must answer to be a loop: one more for an answer weaker than an error
-    (a search finding nothing, a nudge to go on)."""
-    return error_repeats + WEAKER_EXTRA if call.negative or call.nudged else error_repeats
+_NUMBERS = re.compile(r"\d+")
+
+
+def numbers_aside(key: str) -> str:
+    """A call's name and arguments, numbers and white space aside: calls that differ in nothing else are the same
+    call made again (a coder's `# attempt 3`, then `# attempt 4`, over the same code)."""
+    return _NUMBERS.sub("\x00", "".join(key.split()))
+
+
+def one_attempt(calls: "tuple[Call, ...] | list[Call]") -> bool:
+    """Whether different calls one error answered are one attempt made again: alike but for their numbers (unless
+    the error says every further attempt fails alike: then each is a new call, the next file to download, meeting
+    the same wall), or each running one program that does not exist (it never ran, whatever it was given)."""
+    missing = {missing_program(c) for c in calls}
+    if None not in missing and len(missing) == 1:
+        return True
+    return len({numbers_aside(c.key) for c in calls}) == 1 and not is_standing(calls[-1].error or "")
+
+
+def never_ran(call: Call) -> bool:
+    """A step that never ran: the harness refused it (its format error), it held no action (the model's text the
+    harness answered), or the tool or program it called does not exist."""
+    return call.rejected or call.said or missing_program(call) is not None or missing_tool(call)
+
+
+def _enough(calls: "list[Call]", count: int, error_repeats: int, retried: bool) -> bool:
+    """Whether `count` calls one answer met (the last of them `calls`) are a loop: `error_repeats` when the answer
+    is an error and the calls are as good as one call failing alike (one of them a blind retry, all one attempt,
+    all never run); one more else (different calls meeting one error, a search finding nothing, a harness's nudge
+    to go on)."""
+    if count >= error_repeats + WEAKER_EXTRA:
+        return True
+    last = calls[-1]
+    if count < error_repeats or last.negative or last.nudged:
+        return False
+    recent = calls[-error_repeats:]
+    return retried or one_attempt(recent) or all(never_ran(c) for c in recent)
 
 
 def cycle_rounds(period: int, threshold: int) -> int:
@@ -276,7 +335,7 @@ class _ToolError:
     many calls of the task had succeeded when it last counted one, and the words of the last searches it
     answered that found nothing."""
 
-    __slots__ = ("count", "arguments", "calls", "successes", "searched")
+    __slots__ = ("count", "arguments", "calls", "successes", "searched", "retried")
 
     def __init__(self) -> None:
         self.count = 0
@@ -284,11 +343,12 @@ class _ToolError:
         self.calls: list[Call] = []
         self.successes = 0
         self.searched: list[frozenset[str]] = []
+        self.retried = False  # one of the calls was made again at once, unchanged, and failed alike
 
     def copy(self) -> "_ToolError":
         other = _ToolError()
         other.count, other.arguments, other.calls = self.count, set(self.arguments), self.calls[:]
-        other.successes, other.searched = self.successes, self.searched[:]
+        other.successes, other.searched, other.retried = self.successes, self.searched[:], self.retried
         return other
 
 
@@ -385,6 +445,20 @@ def names_missing_program(error: str, name: str, arguments: str) -> str | None:
     return None
 
 
+# A tool's answer that the tool called does not exist (`Error: tool 'search_code' does not exist`, `Unknown tool:
+# search_code`): the call never ran, whatever its arguments.
+_MISSING_TOOL = re.compile(
+    r"\b(?:tool|function)\b[^\n]{0,120}?(?:does\x20not\x20exist|doesn't\x20exist|\bnot\x20found"
+    r"|\bis\x20not\x20(?:a\x20valid|available|recognized|registered))"
+    r"|\b(?:unknown|invalid|unavailable|no\x20such)\x20(?:tool|function)\b", re.IGNORECASE)
+
+
+def missing_tool(call: "Call") -> bool:
+    """Whether a failed call's error says the tool it called does not exist (naming it)."""
+    error = call.error
+    return error is not None and call.name in error[:WHOLE_ERROR] and _MISSING_TOOL.search(error[:WHOLE_ERROR]) is not None
+
+
 def missing_program(call: "Call") -> str | None:
     """The program a failed shell call ran, when its error says that program does not exist."""
     return None if call.error is None else names_missing_program(call.error, call.name, call.arguments)
@@ -404,7 +478,7 @@ class ToolTracker:
     calls, for one task. Constant memory but the error table."""
 
     __slots__ = ("_recent", "_runs", "_blind_runs", "_answers", "_errors", "_tool_errors", "_error_run",
-                 "_error_calls", "_ran", "_successes", "_idle", "_idle_run")
+                 "_error_calls", "_error_retried", "_ran", "_successes", "_idle", "_idle_run")
 
     def __init__(self) -> None:
         self._recent: list[Call | None] = []  # last MAX_CYCLE calls; None is a call never counted
@@ -419,6 +493,7 @@ class ToolTracker:
         self._tool_errors: dict[tuple[str, str | None], _ToolError] = {}  # (tool, error) -> the calls it answered
         self._error_run = 0  # consecutive calls answered by one and the same error
         self._error_calls: list[Call] = []  # the last of them, for the evidence
+        self._error_retried = False  # one of them was the call before it again, unchanged
         self._ran: set[bytes] = set()  # what the task's calls ran (`call_target`)
         self._successes = 0  # the task's calls that succeeded
         self._idle: list[Call] = []  # the last calls in a row that did nothing (`does_nothing`)
@@ -434,6 +509,7 @@ class ToolTracker:
         other._tool_errors = {key: seen.copy() for key, seen in self._tool_errors.items()}
         other._error_run = self._error_run
         other._error_calls = self._error_calls[:]
+        other._error_retried = self._error_retried
         other._ran = set(self._ran)
         other._successes = self._successes
         other._idle, other._idle_run = self._idle[:], self._idle_run
@@ -447,6 +523,7 @@ class ToolTracker:
         self._answers = set()
         self._error_run = 0
         self._error_calls = []
+        self._error_retried = False
         self._idle, self._idle_run = [], 0
 
     def add(self, call: Call, threshold: int, error_repeats: int = ERROR_REPEATS,
@@ -461,7 +538,11 @@ class ToolTracker:
             same_key = before is not None and before.key == call.key
             blind[k] = blind[k] + 1 if same_key else 0
             runs[k] = runs[k] + 1 if same_key and _same(call, before) else 0
-        self._repeated_answer(call, recent[-1] if recent else None, streak)
+        previous = recent[-1] if recent else None
+        self._repeated_answer(call, previous, streak)
+        # A blind retry: the call just made, made again unchanged, and failing alike.
+        retried = call.error is not None and previous is not None and previous.key == call.key \
+            and previous.error == call.error
         self._recent = (recent + [call])[-MAX_CYCLE:]
         new = self._new_call(call)
 
@@ -487,16 +568,19 @@ class ToolTracker:
         if not found:
             found.extend(self._idling(call, threshold))
         if call.error is not None:
-            count, successes = self._errors.get((call.key, call.error), (0, 0))
+            # An edit refused for the text it replaces is the same call whatever it would have written there.
+            place = edit_place(call.arguments)
+            attempt = call.key if place is None else f"{call.name}\x03{place}"
+            count, successes = self._errors.get((attempt, call.error), (0, 0))
             if call.rejected and self._successes - successes >= FAR_APART:
                 count = 0  # the harness refused it before, and the agent recovered and worked on: a slip, again
             count += 1
-            self._errors[(call.key, call.error)] = (count, self._successes)
+            self._errors[(attempt, call.error)] = (count, self._successes)
             if count >= error_repeats:
                 found.append(ToolFinding("tool_error", (call,), count))
             else:
-                found.extend(self._tool_error(call, max(error_repeats, threshold), new))
-        found.extend(self._same_error(call, error_repeats, new))
+                found.extend(self._tool_error(call, max(error_repeats, threshold), new, retried))
+        found.extend(self._same_error(call, error_repeats, new, retried))
         for finding in found:  # the evidence outlives the fold
             for counted in finding.calls:
                 counted._settle()
@@ -548,7 +632,8 @@ class ToolTracker:
             return True
         return False
 
-    def _tool_error(self, call: Call, error_repeats: int, new: bool = False) -> list[ToolFinding]:
+    def _tool_error(self, call: Call, error_repeats: int, new: bool = False,
+                    retried: bool = False) -> list[ToolFinding]:
         """The same error answering `error_repeats` calls of one tool in the task (the ladder's threshold at
         least), not all of them the same call (that is the rule above's), other calls between them or not: a
         shell's commands that differ failing alike, a lookup echoing each new argument in the same failure. An
@@ -572,16 +657,17 @@ class ToolTracker:
             # refuses) after work that succeeded, unless the error says no attempt can get past it; a step the
             # harness refused (its format error) far apart.
             return []
-        needed = _different_calls_needed(call, error_repeats)
+        seen.retried = seen.retried or retried
         seen.successes = self._successes
         seen.count += 1
         seen.arguments.add(call.arguments)
-        seen.calls = (seen.calls + [call])[-needed:]
-        if seen.count < needed or len(seen.arguments) < 2:
+        seen.calls = (seen.calls + [call])[-(error_repeats + WEAKER_EXTRA):]
+        if len(seen.arguments) < 2 or not _enough(seen.calls, seen.count, error_repeats, seen.retried):
             return []
         return [ToolFinding("tool_error", tuple(seen.calls), seen.count)]
 
-    def _same_error(self, call: Call, error_repeats: int, new: bool = False) -> list[ToolFinding]:
+    def _same_error(self, call: Call, error_repeats: int, new: bool = False,
+                    retried: bool = False) -> list[ToolFinding]:
         """The same error answering `error_repeats` consecutive calls, whatever the calls (a harness repeating
         its format error, a tool that does not exist, near-identical edits rejected alike). Identical calls
         alone are the rule above's; an error that says nothing but its exit code is no evidence of one cause,
@@ -589,17 +675,18 @@ class ToolTracker:
         calls = self._error_calls
         if not call.says_something:
             if calls:
-                self._error_run, self._error_calls = 0, []
+                self._error_run, self._error_calls, self._error_retried = 0, [], False
             return []
         if calls and (calls[-1].error != call.error or (
                 new and call.negative and not _reworded(search_words(call.arguments),
                                                         [search_words(c.arguments) for c in calls]))):
             # Another error; or a new search finding nothing, not one said again in other words: a run anew.
-            self._error_run, calls = 0, []
+            self._error_run, calls, self._error_retried = 0, [], False
         self._error_run += 1
-        needed = _different_calls_needed(call, error_repeats)
-        self._error_calls = calls = (calls + [call])[-needed:]
-        if self._error_run < needed or all(c.key == call.key for c in calls):
+        self._error_retried = self._error_retried or (retried and bool(calls))
+        self._error_calls = calls = (calls + [call])[-(error_repeats + WEAKER_EXTRA):]
+        if all(c.key == call.key for c in calls) \
+                or not _enough(calls, self._error_run, error_repeats, self._error_retried):
             return []
         return [ToolFinding("tool_error", tuple(calls), self._error_run)]
 
