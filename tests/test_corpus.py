@@ -57,9 +57,6 @@ STILL_WARNED = {  # run: (the strength of its evidence, why)
     "swe-gym-openhands/getmoto__moto-5134-sonnet-iter50.json": (
         "strong", "one test rerun after sort-key rewrites, its assertion the same but for its line number at messages "
         "76, 82 and 86 (the label reads every rerun as moving)"),
-    "swe-smith-trajectories/cantools__cantools.0c6a7871.func_pm_remove_cond__8b9tpn0f.json": (
-        "strong", "the reproduction script raises the same error after each edit of the code, the error it should "
-        "raise (a signal too large for its message), while the agent's new checks move"),
 }
 
 

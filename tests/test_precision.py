@@ -343,10 +343,11 @@ def test_the_same_failure_behind_the_frame_after_edits_that_change_nothing_is_st
 
 # -- variants of a failing call: weaker than one call failing alike ---------------------------------------------
 
-REGEX_ERROR = ran("Traceback (most recent call last):\n  File \"/testbed/test_regex.py\", line 4, in <module>\n"
-                  "    pattern = re.compile(regex_str)\n  File \"/usr/lib/python3.9/sre_parse.py\", line 427, in _escape\n"
-                  "    raise source.error(\"bad escape %s\" % escape, len(escape))\nre.error: bad escape \\g at position 4\n",
-                  1)
+REGEX_ERROR = ran("Traceback (most recent call last):\n"
+                  "  File \"/testbed/test_regex.py\", line 4, in <module>\n    pattern = re.compile(regex_str)\n"
+                  "  File \"/usr/lib/python3.9/sre_parse.py\", line 427, in _escape\n"
+                  "    raise source.error(\"bad escape %s\" % escape, len(escape))\n"
+                  "re.error: bad escape \\g at position 4\n", 1)
 
 
 def regex_probe(literal: str) -> list[dict]:
@@ -422,3 +423,37 @@ def test_openhands_error_for_an_action_it_could_not_run_is_its_harness_not_a_new
     before, _ = analyze(LADDER, conversation(user("Fix the aliasing of iso in match."), *run))
     state, _ = analyze(LADDER, conversation(user("Fix the aliasing of iso in match."), *run, harness))
     assert state.start == before.start and [e.type for e in episodes(LADDER, state)] == ["tool_error"]
+
+
+# -- the same reproduction failing after edits that moved the failure -------------------------------------------
+
+def raised(frames: tuple[int, int]) -> str:
+    """A reproduction's traceback through the module being fixed; `frames`, the lines its two frames there name."""
+    return ("Traceback (most recent call last):\n  File \"/testbed/reproduce_issue.py\", line 7, in <module>\n"
+            "    message = cantools.database.can.Message(1, 'TestMessage', 4, [signal])\n"
+            f"  File \"/testbed/src/cantools/database/can/message.py\", line {frames[0]}, in refresh\n"
+            "    self._check_signal_tree(message_bits, self.signal_tree)\n"
+            f"  File \"/testbed/src/cantools/database/can/message.py\", line {frames[1]}, in _check_signal\n"
+            "    raise Error(f'The signal {signal.name} does not fit in message {self.name}.')\n"
+            "cantools.database.errors.Error: The signal TestSignal does not fit in message TestMessage.\n")
+
+
+def reproduce_after_edits(frames: list[tuple[int, int]]) -> list[dict]:
+    run = []
+    for n, lines in enumerate(frames):
+        module = "/testbed/src/cantools/database/can/message.py"
+        run += [step("str_replace_editor", {"command": "str_replace", "path": module,
+                                            "old_str": f"        # check {n}", "new_str": f"        # check {n + 1}"},
+                     f"The file {module} has been edited."),
+                step("bash", {"command": "cd /testbed && python reproduce_issue.py"}, raised(lines))]
+    return run
+
+
+def test_the_same_failure_at_other_lines_after_each_edit_ran_other_code_and_is_no_loop():
+    # SWE-agent: the reproduction raises the error it should (a signal too large for its message) after each
+    # rewrite of the check; each rewrite moved the lines the traceback names in the module being fixed.
+    moved = reproduce_after_edits([(1310, 1253), (1320, 1255), (1325, 1259), (1331, 1262)])
+    assert found(conversation(user("Restore the signal size check."), *moved)) == []
+    # The same failure at the same lines after edits that changed nothing it ran is still a loop.
+    still = reproduce_after_edits([(1310, 1253)] * 3)
+    assert found(conversation(user("Restore the signal size check."), *still)) == [("tool_error", False)]

@@ -89,15 +89,9 @@ def _call(name: str, arguments: str, outcome: tuple[str, bool] | None, rejected:
                 nudged=said and rejected and not is_error_form(text))
 
 
-# A Python traceback's frame names the line it ran: code edited around the failure moves it, the failure is the same.
-_FRAME_LINE = re.compile(r'(File "[^"\n]{0,500}", line )\d+')
-
-
 def error_text(masked: str) -> str:
     """What identifies an error: its start and its end (a traceback's exception and a test run's summary
-    come last; two different failures often share a long start), the lines its traceback names aside."""
-    if 'File "' in masked:
-        masked = _FRAME_LINE.sub(r"\1#", masked)
+    come last; two different failures often share a long start)."""
     return masked if len(masked) <= 500 else f"{masked[:250]} … {masked[-250:]}"
 
 

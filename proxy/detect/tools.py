@@ -207,6 +207,18 @@ _FRAME = re.compile(r"</?\w+>|\b(?:process|exit(?:ed)?|with|code|status|returnco
                     r"|original|token|count)\b", re.IGNORECASE)
 
 
+# A Python traceback's frame names the line it ran. The same call failing with the failure at another line ran
+# other code (an edit moved it): no longer the same failure. Different calls (a script rewritten, its lines moved
+# with it) meeting one exception at other lines meet the same error.
+_FRAME_LINE = re.compile(r'(File "[^"\n]{0,500}", line )\d+')
+
+
+@functools.lru_cache(maxsize=1024)
+def lines_aside(error: str) -> str:
+    """An error's text with the line numbers its traceback's frames name masked."""
+    return _FRAME_LINE.sub(r"\1#", error) if 'File "' in error else error
+
+
 class Call:
     """One tool call, compared by meaning: name plus canonical arguments, and its masked result.
 
@@ -456,7 +468,9 @@ _MISSING_TOOL = re.compile(
 def missing_tool(call: "Call") -> bool:
     """Whether a failed call's error says the tool it called does not exist (naming it)."""
     error = call.error
-    return error is not None and call.name in error[:WHOLE_ERROR] and _MISSING_TOOL.search(error[:WHOLE_ERROR]) is not None
+    if error is None or call.name not in error[:WHOLE_ERROR]:
+        return False
+    return _MISSING_TOOL.search(error[:WHOLE_ERROR]) is not None
 
 
 def missing_program(call: "Call") -> str | None:
@@ -643,7 +657,7 @@ class ToolTracker:
             return []
         if len(call.error or "") > WHOLE_ERROR:  # told by its start and end only: a page with an error line on it
             return []
-        seen = self._tool_errors.setdefault((call.name, call.error), _ToolError())
+        seen = self._tool_errors.setdefault((call.name, lines_aside(call.error or "")), _ToolError())
         if call.negative:
             words = search_words(call.arguments)
             reworded = _reworded(words, seen.searched)
@@ -677,7 +691,7 @@ class ToolTracker:
             if calls:
                 self._error_run, self._error_calls, self._error_retried = 0, [], False
             return []
-        if calls and (calls[-1].error != call.error or (
+        if calls and (lines_aside(calls[-1].error or "") != lines_aside(call.error or "") or (
                 new and call.negative and not _reworded(search_words(call.arguments),
                                                         [search_words(c.arguments) for c in calls]))):
             # Another error; or a new search finding nothing, not one said again in other words: a run anew.
