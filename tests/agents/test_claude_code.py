@@ -141,3 +141,36 @@ async def test_claude_code_long_conversation_is_read_from_where_it_grew(upstream
                                await response.text(), re.M))
     long_ones = sum(len(raw) for raw in seen if len(raw) >= 64 * 1024)
     assert float(read["known"]) > 0.5 * long_ones, (read, long_ones)
+
+
+async def test_claude_code_editing_a_line_that_occurs_twice_with_new_text_each_time(upstream, proxy_factory,
+                                                                                     tmp_path):
+    """The model reads a file, then asks Claude Code's Edit to replace a line that occurs twice, with other new
+    text each time: Claude Code refuses each for its `old_string` (two matches). One call failing the same way,
+    whatever it would write: warned at the 3rd refusal and the 4th, stopped at the 5th (strong evidence)."""
+    running = await proxy_factory(upstream.url, anthropic_upstream_url=upstream.url)
+    module = tmp_path / "match.c"
+    module.write_text("int f(int t) {\n  return t;\n}\n\nint g(int t) {\n  return t;\n}\n")
+    fixes = ("t = alias(t);", "t = consume(t);", "if (is_iso(t)) t = trn(t);", "t = ephemeral(t);",
+             "t = unalias(t);", "t = recover(t);")
+    edits = iter([("Read", {"file_path": str(module)})] + [
+        ("Edit", {"file_path": str(module), "old_string": "  return t;", "new_string": f"  {fix}\n  return t;"})
+        for fix in fixes])
+
+    def answer(body: dict) -> Turn:
+        if not body.get("tools"):  # a side request of its own
+            return Turn(content="Editing match.c")
+        return Turn(tool_calls=[next(edits)], chunk_chars=5)
+
+    upstream.responder = answer
+    status, output = await run_claude(running.root, "Fix the aliasing in match.c", tmp_path,
+                                      "--allowedTools", "Read,Edit")
+    assert status == 1, output
+    assert "[loopwarden] Loop detected (tool_error)" in output and "`Edit`" in output
+    seen = turns(upstream)
+    assert len(seen) == 6  # the read, then four refused edits answered; the fifth refusal is the stop
+    assert [len(warnings(body)) for body in seen] == [0, 0, 0, 0, 1, 2]
+    refusals = [block for message in seen[-1]["messages"] if isinstance(message["content"], list)
+                for block in message["content"] if block.get("type") == "tool_result" and block.get("is_error")]
+    assert len(refusals) == 4 and all("match" in str(block["content"]).lower() for block in refusals), refusals
+    assert module.read_text().count("  return t;") == 2  # nothing was written
