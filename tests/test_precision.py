@@ -6,6 +6,7 @@ the loop of the same look that stays a loop."""
 
 from __future__ import annotations
 
+from proxy.detect import steps
 from proxy.detect.engine import DetectConfig, episodes
 from tests.convo import analyze, assistant, conversation, step, user
 
@@ -457,3 +458,34 @@ def test_the_same_failure_at_other_lines_after_each_edit_ran_other_code_and_is_n
     # The same failure at the same lines after edits that changed nothing it ran is still a loop.
     still = reproduce_after_edits([(1310, 1253)] * 3)
     assert found(conversation(user("Restore the signal size check."), *still)) == [("tool_error", False)]
+
+
+# -- a terminal's transcript: the prompt echoing the command first ----------------------------------------------
+
+def terminal(command: str, output: str) -> str:
+    """Cursor's `run_terminal_cmd` answer: zsh's prompt with the command, the output, the prompt again."""
+    return f"edobry@Mac minsky % {command}\n{output}\nedobry@Mac minsky % "
+
+
+def cursor_run(command: str, output: str) -> list[dict]:
+    return step("run_terminal_cmd", {"command": command}, terminal(command, output))
+
+
+def test_an_error_after_a_terminals_echoed_prompt_is_read_as_the_error_it_is():
+    assert steps.without_prompt_echo(terminal("minsky tasks list", "#011 TODO")) == "#011 TODO"
+    failing = "Error starting session: The \"paths[0]\" property must be of type string, got undefined"
+    # Cursor starting one session again and again, in other words each time, between reads: the same error.
+    tries = ["minsky session start --task 011", "minsky session start --task '#011'",
+             "minsky session start --task '#011' --repo /Users/edobry/Projects/minsky",
+             "minsky session start --task '#011' --repo /Users/edobry/Projects/minsky",
+             "minsky session start --task '#011' --repo $(git rev-parse --show-toplevel)"]
+    run = []
+    for n, command in enumerate(tries):
+        run += [cursor_run(command, failing), cursor_run(f"minsky tasks get '#01{n}' --json",
+                                                         f'{{"id": "#01{n}", "status": "TODO"}}')]
+    state, _ = analyze(LADDER, conversation(user("continue working on task 011"), *run))
+    assert [(e.type, e.detail["strength"], e.is_stop) for e in episodes(LADDER, state)] == [
+        ("tool_error", "weak", False)]
+    # The same commands answering what each asked are work going on, echoed prompts and all.
+    moving = [cursor_run(command, f"Session task#01{n} started in /tmp/s{n}") for n, command in enumerate(tries)]
+    assert found(conversation(user("continue working on task 011"), *moving)) == []

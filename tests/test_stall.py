@@ -67,8 +67,8 @@ def missing_program(text: str) -> str | None:
                                   text_steps.is_observation, text_steps.inline_observation, agents.title_of,
                                   text_steps.is_progress_note, tools.shell_target, tools.changes_a_file,
                                   tools.search_words, shell_call_target, text_call_target, tools.numbers_aside,
-                                  tools.lines_aside, speakers.person_facts, shell_failure, tools.is_standing,
-                                  missing_program],
+                                  tools.lines_aside, steps.without_prompt_echo, speakers.person_facts, shell_failure,
+                                  tools.is_standing, missing_program],
                          ids=lambda read: read.__name__)
 def test_each_masking_and_error_form_reading_is_linear_on_long_runs(read):
     slowest = (0.0, "")

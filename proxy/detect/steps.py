@@ -69,6 +69,22 @@ def without_shell_frame(text: str) -> str:
     return body[:at] if at >= 0 and body.endswith("]") else body
 
 
+# A terminal's transcript (Cursor's `run_terminal_cmd`): the prompt with the command echoed first, the bare prompt
+# last. Neither says anything of the result; the first hides an error's form on the line after it.
+_ECHO = re.compile(r"[\w.-]{1,100}@[\w.-]{1,100}[\x20:][^\n]{0,300}?[%$#]\x20[^\n]*\n")
+_BARE_PROMPT = re.compile(r"\n[\w.-]{1,100}@[\w.-]{1,100}[\x20:][^\n]{0,300}?[%$#]\s*\Z")
+
+
+def without_prompt_echo(text: str) -> str:
+    """A terminal's transcript without its first line echoing the command and its last, bare prompt."""
+    echo = _ECHO.match(text)
+    if echo is None:
+        return text
+    body = text[echo.end():]
+    tail = _BARE_PROMPT.search(body, max(len(body) - 400, 0))
+    return body[:tail.start()] if tail is not None else body
+
+
 def _call(name: str, arguments: str, outcome: tuple[str, bool] | None, rejected: bool = False,
           said: bool = False) -> Call:
     """A step, compared by meaning: the action's name and canonical arguments, and its result (masked when
@@ -77,6 +93,7 @@ def _call(name: str, arguments: str, outcome: tuple[str, bool] | None, rejected:
     if outcome is None or is_unchanged_read(outcome[0]):  # unknown, or the same as the read before
         return Call(name, arguments, said=said)
     text, marked = outcome
+    text = without_prompt_echo(text)
     if not (marked or is_error_form(text)):
         return Call(name, arguments, text, said=said)
     masked = mask(without_shell_frame(text))
