@@ -317,14 +317,17 @@ def never_ran(call: Call) -> bool:
 
 
 def _enough(calls: "list[Call]", count: int, error_repeats: int, retried: bool) -> bool:
-    """Whether `count` calls one answer met (the last of them `calls`) are a loop: `error_repeats` when the answer
-    is an error and the calls are as good as one call failing alike (one of them a blind retry, all one attempt,
-    all never run); one more else (different calls meeting one error, a search finding nothing, a harness's nudge
-    to go on)."""
-    if count >= error_repeats + WEAKER_EXTRA:
-        return True
+    """Whether `count` calls one answer met (the last of them `calls`) are a loop, `error_repeats` the count for calls
+    as good as one call failing alike (one of them a blind retry, all one attempt, all never run). Different calls
+    meeting one error need one more than the same call would (at least ERROR_REPEATS + WEAKER_EXTRA: a ladder whose
+    threshold is higher already asks more); an answer weaker than an error (a search finding nothing, a nudge to go
+    on), one more than the threshold whatever the calls."""
     last = calls[-1]
-    if count < error_repeats or last.negative or last.nudged:
+    if last.negative or last.nudged:
+        return count >= error_repeats + WEAKER_EXTRA
+    if count >= max(error_repeats, ERROR_REPEATS + WEAKER_EXTRA):
+        return True
+    if count < error_repeats:
         return False
     recent = calls[-error_repeats:]
     return retried or one_attempt(recent) or all(never_ran(c) for c in recent)
