@@ -30,22 +30,22 @@ READ_CALC = ("read_file", {"file_path": "calc.py"})
 ANSWER = "The test fails because add() subtracts: it should return a + b."
 
 
-def project(tmp_path: Path) -> tuple[Path, Path]:
-    """A home holding the API-key settings, and a project holding a failing test."""
+def project(tmp_path: Path, calc: str = CALC) -> tuple[Path, Path]:
+    """A home holding the API-key settings, and a project holding a failing test (`calc`: its calc.py)."""
     home, workdir = tmp_path / "home", tmp_path / "calc"
     (home / ".gemini").mkdir(parents=True)
     (home / ".gemini" / "settings.json").write_text('{"security": {"auth": {"selectedType": "gemini-api-key"}}}')
     workdir.mkdir()
-    (workdir / "calc.py").write_text(CALC)
+    (workdir / "calc.py").write_text(calc)
     (workdir / "test_calc.py").write_text(TEST_CALC)
     return home, workdir
 
 
-async def run_gemini(root: str, prompt: str, tmp_path: Path) -> tuple[int, str, str]:
+async def run_gemini(root: str, prompt: str, tmp_path: Path, calc: str = CALC) -> tuple[int, str, str]:
     """Gemini CLI's exit status, stdout and stderr."""
     if not GEMINI.exists():
         pytest.fail(f"no Gemini CLI at {GEMINI}: make agents-check installs it with npm")
-    home, workdir = project(tmp_path)
+    home, workdir = project(tmp_path, calc)
     # The project's test runs with this interpreter, whatever HOME says to a version manager's shims; the
     # CLI's error reports go to the test's own temporary directory.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
@@ -200,3 +200,36 @@ async def test_gemini_cli_stuck_on_one_read_gets_the_default_warning_before_its_
 
     first = min(await wait_for(logged), key=lambda d: d["episode"])
     assert (first["type"], first["action"], first["episode"]) == ("tool_call", "warned", 1)
+
+
+async def test_gemini_cli_replacing_a_line_that_occurs_twice_with_new_text_each_time(upstream, proxy_factory,
+                                                                                      tmp_path):
+    """The model reads calc.py, then asks Gemini CLI's `replace` to change a line that occurs twice, with other new
+    text each time: Gemini CLI refuses each (`Expected 1 occurrence but found 2`). One call failing the same way,
+    whatever it would write: warned at the 3rd refusal and the 4th, stopped at the 5th."""
+    running = await proxy_factory(upstream.url, gemini_upstream_url=upstream.root)
+    fixes = ("return a + b", "return b + a", "return sum((a, b))", "return int(a) + int(b)", "return a.__add__(b)",
+             "return (a + b)")
+    project_file = "calc.py"
+
+    def answer(body: dict) -> Turn:
+        if not body.get("tools"):
+            return side_answer(body)
+        done = responses(body)
+        if done == 0:
+            return Turn(tool_calls=[READ_CALC])
+        return Turn(tool_calls=[("replace", {"file_path": project_file, "old_string": "    return a - b",
+                                             "new_string": f"    {fixes[(done - 1) % len(fixes)]}",
+                                             "instruction": "Make add() add."})])
+
+    upstream.responder = answer
+    workdir = tmp_path / "calc"
+    status, output, errors = await run_gemini(running.root, "Make the tests pass", tmp_path,
+                                              calc="def add(a, b):\n    return a - b\n\n\ndef plus(a, b):\n"
+                                                   "    return a - b\n")
+    assert status == 1, (output, errors)
+    assert "[loopwarden] Loop detected (tool_error): `replace`" in errors, errors
+    seen = main_turns(upstream)
+    assert [len(warnings(body)) for body in seen] == [0, 0, 0, 0, 1, 2]
+    assert "Expected 1 occurrence but found 2" in str(seen[-1]["contents"])
+    assert (workdir / project_file).read_text().count("return a - b") == 2  # nothing was written
