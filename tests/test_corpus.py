@@ -54,9 +54,6 @@ STILL_WARNED = {  # run: (the strength of its evidence, why)
     "mini-swe-agent-gemini3/pylint-dev__pylint-8898.json": (
         "weak", "pylint run on one file with five option values in a row, the same report each time: probing an "
         "option"),
-    "swe-gym-openhands/getmoto__moto-5134-sonnet-iter50.json": (
-        "strong", "one test rerun after sort-key rewrites, its assertion the same but for its line number at messages "
-        "76, 82 and 86 (the label reads every rerun as moving)"),
 }
 
 
