@@ -13,6 +13,7 @@ import aiohttp
 import orjson
 import pytest
 
+from proxy.wire import known
 from tests.agents import REQUIRE_AGENTS
 from tests.agents.scripted_upstream import responder
 from tests.fake_upstream import Turn
@@ -140,7 +141,10 @@ async def test_claude_code_long_conversation_is_read_from_where_it_grew(upstream
         read = dict(re.findall(r'^loopwarden_request_body_bytes_total\{read="(\w+)"\} (\S+)$',
                                await response.text(), re.M))
     long_ones = sum(len(raw) for raw in seen if len(raw) >= 64 * 1024)
-    assert float(read["known"]) > 0.5 * long_ones, (read, long_ones)
+    if known.member is None:  # the scanner is not built (plain Python): every body is parsed whole, by design
+        assert float(read["known"]) == 0, read
+    else:
+        assert float(read["known"]) > 0.5 * long_ones, (read, long_ones)
 
 
 async def test_claude_code_editing_a_line_that_occurs_twice_with_new_text_each_time(upstream, proxy_factory,
