@@ -163,16 +163,15 @@ def shell_target(command: str) -> str:
 _TARGET_WHOLE = 512
 
 
-def call_target(name: str, arguments: str) -> bytes:
+def call_target(name: str, arguments: str, attempt: str | None = None) -> bytes:
     """What identifies a call as the same call again, as a digest: what a shell command runs, whatever tool ran
-    it and whatever its options and working directory; the place a replacing edit changes (its file and the text
-    it replaces), whatever it writes there; else the tool and its canonical arguments."""
+    it and whatever its options and working directory; else the attempt it makes (`attempt_of`, when the caller
+    has it already)."""
     command = shell_command(name, arguments)
     if command is not None:
         target = "\x02" + _shell_target(command[:_COMMAND_HEAD])
     else:
-        place = edit_place(arguments)
-        target = f"{name}\x00{arguments}" if place is None else f"{name}\x03{place}"
+        target = attempt if attempt is not None else attempt_of(name, arguments)
     if len(target) > _TARGET_WHOLE:
         target = f"{target[:256]}\x00{target[-256:]}\x00{len(target)}"
     return digest(target)
@@ -195,6 +194,13 @@ def edit_place(arguments: str) -> str | None:
     old = next((value[key] for key in _OLD_KEYS if isinstance(value.get(key), str)), None)
     path = next((value[key] for key in _FILE_KEYS if isinstance(value.get(key), str)), None)
     return None if old is None or path is None else f"{path}\x00{old}"
+
+
+def attempt_of(name: str, arguments: str) -> str:
+    """The attempt a call makes: its tool and canonical arguments; for an edit replacing text, the tool and the
+    place it replaces (`edit_place`), whatever it would write there."""
+    place = edit_place(arguments)
+    return f"{name}\x00{arguments}" if place is None else f"{name}\x03{place}"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -227,7 +233,7 @@ class Call:
     tracker settles its last calls at the end of a fold, and then dropped for its digest and excerpt."""
 
     __slots__ = ("key", "name", "arguments", "error", "negative", "rejected", "said", "nudged", "_raw", "_result",
-                 "_excerpt")
+                 "_excerpt", "_attempt")
 
     def __init__(self, name: str, arguments: str, raw_result: str | None = None, error: str | None = None,
                  negative: bool = False, rejected: bool = False, said: bool = False, nudged: bool = False) -> None:
@@ -244,6 +250,7 @@ class Call:
         self._raw = raw_result
         self._result: bytes | None = None
         self._excerpt = ""
+        self._attempt: str | None = None
 
     def _settle(self) -> None:
         if self._raw is not None:
@@ -258,6 +265,13 @@ class Call:
         return self.error is not None and (self.error[:6].lower() == "usage:"
                                            or sum(c.isalpha() for c in _FRAME.sub("", self.error)) >= 16
                                            or self.negative)
+
+    @property
+    def attempt(self) -> str:
+        """The attempt the call makes (`attempt_of`): its arguments read once, however many rules ask."""
+        if self._attempt is None:
+            self._attempt = attempt_of(self.name, self.arguments)
+        return self._attempt
 
     @property
     def succeeded(self) -> bool:
@@ -557,9 +571,8 @@ class ToolTracker:
             runs[k] = runs[k] + 1 if same_key and _same(call, before) else 0
         previous = recent[-1] if recent else None
         self._repeated_answer(call, previous, streak)
-        # A blind retry: the call just made, made again unchanged, and failing alike.
-        retried = call.error is not None and previous is not None and previous.key == call.key \
-            and previous.error == call.error
+        # A blind retry: the call just made, made again unchanged (`blind[1]`), and failing alike.
+        retried = bool(blind[1]) and call.error is not None and previous.error == call.error
         self._recent = (recent + [call])[-MAX_CYCLE:]
         new = self._new_call(call)
 
@@ -586,8 +599,7 @@ class ToolTracker:
             found.extend(self._idling(call, threshold))
         if call.error is not None:
             # An edit refused for the text it replaces is the same call whatever it would have written there.
-            place = edit_place(call.arguments)
-            attempt = call.key if place is None else f"{call.name}\x03{place}"
+            attempt = call.attempt
             count, successes = self._errors.get((attempt, call.error), (0, 0))
             if call.rejected and self._successes - successes >= FAR_APART:
                 count = 0  # the harness refused it before, and the agent recovered and worked on: a slip, again
@@ -639,9 +651,9 @@ class ToolTracker:
         if call.error is None:
             self._successes += call.succeeded
             if len(self._ran) < RAN_KEPT:
-                self._ran.add(call_target(call.name, call.arguments))
+                self._ran.add(call_target(call.name, call.arguments, call.attempt))
             return False  # asked of failed calls only
-        target = call_target(call.name, call.arguments)
+        target = call_target(call.name, call.arguments, call.attempt)
         if target in self._ran:
             return False
         if len(self._ran) < RAN_KEPT:
